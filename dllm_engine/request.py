@@ -1,0 +1,170 @@
+"""What a caller hands the engine and what it gets back: parameters, updates, handles.
+
+This is the engine's public contract (voice_app knows the engine only through it):
+
+    engine = Engine.load("smollm2-135m-bd")
+    handle = engine.submit([{"role": "user", "content": "Hi!"}], GenerationParams())
+    for update in handle:            # or: async for update in handle
+        print(update.draft_text)     # whole reply as currently drafted (masks dropped)
+    handle.cancel()                  # takes effect before the next denoising step
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator, Literal
+
+Mode = Literal["diffusion", "autoregressive"]
+
+
+class EngineError(Exception):
+    """A request the engine cannot take, with a message naming what was wrong."""
+
+
+class EngineOverloaded(EngineError):
+    """Too many live requests or cached tokens: the caller should back off and retry."""
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_new_tokens: int = 128
+    mode: Mode = "diffusion"
+    block_size: int | None = None  # None: the model's own default
+    threshold: float | None = None  # confidence needed to commit; None: the model's default
+    policy: Literal["threshold", "factor", "fixed_steps"] = "threshold"
+    factor: float = 1.0  # for policy="factor"
+    steps_per_block: int | None = None  # for policy="fixed_steps"
+    temperature: float = 0.0  # 0: greedy
+    seed: int | None = None
+    deadline_s: float | None = None  # wall-clock budget for the whole reply
+    stop_at_eos: bool = True
+    raw: bool = False  # True: the prompt string is used as is, no chat template
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1 or self.max_new_tokens > 8192:
+            raise EngineError(f"max_new_tokens must be in 1..8192, got {self.max_new_tokens}")
+        if self.mode not in ("diffusion", "autoregressive"):
+            raise EngineError(f"mode must be 'diffusion' or 'autoregressive', got {self.mode!r}")
+        if self.block_size is not None and not 1 <= self.block_size <= 256:
+            raise EngineError(f"block_size must be in 1..256, got {self.block_size}")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise EngineError(f"threshold must be in 0..1, got {self.threshold}")
+        if self.temperature < 0:
+            raise EngineError(f"temperature must be >= 0, got {self.temperature}")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise EngineError(f"deadline_s must be > 0, got {self.deadline_s}")
+        if self.policy not in ("threshold", "factor", "fixed_steps"):
+            raise EngineError(f"policy must be threshold|factor|fixed_steps, got {self.policy!r}")
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    forward_passes: int = 0  # passes this request took part in (prefill and cache writes included)
+    denoise_steps: int = 0
+    elapsed_s: float = 0.0
+    first_token_s: float | None = None  # submit -> first committed token
+    deadline_met: bool | None = None  # None when no deadline was given
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+
+@dataclass
+class DraftUpdate:
+    """One snapshot of a request, sent after every step that changed it."""
+
+    request_id: int
+    committed_text: str  # settled text: every token up to it is committed and final
+    draft_text: str  # the whole reply as drafted now (committed + best guesses, masks dropped)
+    token_ids: list[int]  # committed new token ids, in order (a prefix of the final reply)
+    step: int
+    final: bool
+    finish_reason: Literal["stop", "length", "cancelled", "error"] | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    error: str | None = None
+
+
+_DONE = object()
+
+
+class RequestHandle:
+    """A live request: iterate it (sync or async) for updates; cancel() stops it."""
+
+    def __init__(self, request_id: int, max_buffered: int = 1024):
+        self.request_id = request_id
+        self._updates: queue.Queue = queue.Queue(maxsize=max_buffered)
+        self._cancelled = threading.Event()
+        self._finished = threading.Event()
+        self.last: DraftUpdate | None = None
+        self._wake_async_reader = None  # set by __aiter__: wakes the event loop on publish
+
+    # called by the scheduler thread
+    def _publish(self, update: DraftUpdate) -> None:
+        self.last = update
+        try:
+            self._updates.put_nowait(update)
+        except queue.Full:  # a slow reader only ever needs the newest snapshot
+            try:
+                self._updates.get_nowait()
+            except queue.Empty:
+                pass
+            self._updates.put_nowait(update)
+        if update.final:
+            self._finished.set()
+            self._updates.put(_DONE)
+        wake = self._wake_async_reader
+        if wake is not None:
+            wake()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> DraftUpdate | None:
+        """Block until the request ends; returns its final update."""
+        self._finished.wait(timeout)
+        return self.last
+
+    def result(self, timeout: float | None = None) -> DraftUpdate:
+        final = None
+        for update in self:
+            final = update
+        assert final is not None
+        return final
+
+    def __iter__(self) -> Iterator[DraftUpdate]:
+        while True:
+            item = self._updates.get()
+            if item is _DONE:
+                return
+            yield item
+
+    async def __aiter__(self) -> AsyncIterator[DraftUpdate]:
+        # No thread parked per reader: the scheduler wakes this loop with call_soon_threadsafe.
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        self._wake_async_reader = lambda: loop.call_soon_threadsafe(ready.set)
+        while True:
+            try:
+                item = self._updates.get_nowait()
+            except queue.Empty:
+                ready.clear()
+                if self._updates.empty():
+                    await ready.wait()
+                continue
+            if item is _DONE:
+                return
+            yield item
