@@ -1,0 +1,446 @@
+// The page's controller: turns server events into conversation state, decides the
+// turn-taking state shown to the user, and handles barge-in on the client side
+// (stop playback now, tell the server how much of the reply was actually heard).
+
+import { AudioIO, WIRE_RATE, base64ToPcm16, pcm16ToBase64 } from "./audio.js";
+import { AssistantReply, ConversationView, UserUtterance } from "./conversation.js";
+import { RealtimeConnection, realtimeUrl } from "./realtime.js";
+
+const $ = (role) => document.querySelector(`[data-role="${role}"]`);
+
+// Read by browser tests and handy in the devtools console.
+const voiceStats = {
+  connection: "connecting",
+  state: "idle",
+  samplesPlayed: 0,
+  turns: 0, // assistant replies started
+  interruptions: 0,
+  lastLatencyMs: null, // end of user speech (as the page learns it) -> first reply audio played
+  lastServerLatencyMs: null, // the server's own speech_stopped_to_first_audio_ms
+  lastTokensPerForward: null,
+  sessionId: null,
+  errors: [],
+};
+window.voiceStats = voiceStats;
+
+const SESSION_CONFIG = {
+  type: "realtime",
+  output_modalities: ["audio"],
+  audio: {
+    input: {
+      format: { type: "audio/pcm", rate: WIRE_RATE },
+      turn_detection: { type: "server_vad" },
+    },
+    output: { format: { type: "audio/pcm", rate: WIRE_RATE } },
+  },
+};
+
+class VoicePage {
+  constructor() {
+    this.view = new ConversationView($("conversation"), $("announcer"));
+    this.audio = new AudioIO({
+      onFrame: (pcm16) => this.sendAudioFrame(pcm16),
+      onProgress: (progress) => this.onPlaybackProgress(progress),
+    });
+    this.connection = new RealtimeConnection(realtimeUrl(window.location), {
+      onEvent: (event) => this.onServerEvent(event),
+      onStatus: (status, detail) => this.onConnectionStatus(status, detail),
+      onOpen: () => this.onOpen(),
+    });
+    this.utterances = new Map();
+    this.replies = new Map();
+    this.currentResponseId = null;
+    this.droppedResponses = new Set(); // barged-in replies: their late audio is ignored
+    this.truncatedItems = new Set();
+    this.userSpeaking = false;
+    this.awaitingReplyAt = null; // performance.now() when the user's turn ended
+    this.playing = false;
+    this.muted = false;
+    this.typedTurns = 0;
+    this.openedBefore = false;
+  }
+
+  start() {
+    this.bindControls();
+    this.connection.connect();
+    this.updateState();
+  }
+
+  bindControls() {
+    $("start").addEventListener("click", () => this.startTalking());
+    $("mute").addEventListener("click", () => this.toggleMute());
+    $("text-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.sendTypedTurn();
+    });
+    $("dismiss-error").addEventListener("click", () => this.hideError());
+    document.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") this.stopAssistant();
+    });
+  }
+
+  // ---- controls -------------------------------------------------------------
+
+  async startTalking() {
+    const button = $("start");
+    button.disabled = true;
+    try {
+      await this.audio.startMicrophone();
+      button.hidden = true;
+      $("mute").disabled = false;
+      $("mute").focus();
+    } catch (error) {
+      button.disabled = false;
+      this.showError(`Microphone unavailable (${error.name || "error"}: ${error.message}). You can still type.`);
+      await this.audio.startPlayback().catch(() => {});
+    }
+    this.updateState();
+  }
+
+  toggleMute() {
+    this.muted = !this.muted;
+    this.audio.setMuted(this.muted);
+    const button = $("mute");
+    button.setAttribute("aria-pressed", String(this.muted));
+    button.textContent = this.muted ? "Unmute" : "Mute";
+    document.body.dataset.muted = String(this.muted);
+  }
+
+  async sendTypedTurn() {
+    const input = $("text-input");
+    const text = input.value.trim();
+    if (!text) return;
+    if (!this.connection.isOpen) {
+      this.showError("Not connected to the server yet; your message was not sent.");
+      return;
+    }
+    input.value = "";
+    await this.audio.startPlayback().catch((error) => this.showError(`Audio playback unavailable: ${error.message}`));
+    await this.bargeIn({ cancelResponse: true });
+    const itemId = `item_typed_${Date.now()}_${++this.typedTurns}`;
+    const utterance = new UserUtterance(itemId);
+    utterance.finalText = text;
+    this.utterances.set(itemId, utterance);
+    this.view.renderUser(utterance);
+    this.connection.send({
+      type: "conversation.item.create",
+      item: { id: itemId, type: "message", role: "user", content: [{ type: "input_text", text }] },
+    });
+    this.connection.send({ type: "response.create" });
+    this.awaitingReplyAt = performance.now();
+    this.updateState();
+  }
+
+  stopAssistant() {
+    if (this.replyInFlight() || this.playing) this.bargeIn({ cancelResponse: true });
+  }
+
+  // ---- socket ---------------------------------------------------------------
+
+  onOpen() {
+    this.connection.send({ type: "session.update", session: SESSION_CONFIG });
+    if (this.openedBefore) {
+      // The server keeps no history across sockets: a reconnect is a fresh conversation.
+      this.resetTurnState();
+      this.view.addNote("Reconnected. The assistant starts a fresh conversation.");
+    }
+    this.openedBefore = true;
+  }
+
+  onConnectionStatus(status, detail) {
+    voiceStats.connection = status;
+    const pill = $("connection");
+    pill.dataset.connection = status;
+    pill.textContent = { connecting: "connecting", open: "connected", reconnecting: "reconnecting" }[status] || status;
+    if (status === "reconnecting" && detail) this.showError(`Disconnected: ${detail}.`, "connection");
+    if (status === "open") this.hideError("connection");
+    if (status !== "open") this.resetTurnState();
+    this.updateState();
+  }
+
+  resetTurnState() {
+    if (this.currentResponseId) this.droppedResponses.add(this.currentResponseId);
+    this.audio.clear();
+    this.userSpeaking = false;
+    this.awaitingReplyAt = null;
+    this.playing = false;
+  }
+
+  sendAudioFrame(pcm16) {
+    this.connection.send({ type: "input_audio_buffer.append", audio: pcm16ToBase64(pcm16) });
+  }
+
+  onServerEvent(event) {
+    const handler = SERVER_EVENT_HANDLERS[event.type];
+    if (handler) handler.call(this, event);
+    this.updateState();
+  }
+
+  // ---- user speech ----------------------------------------------------------
+
+  onSpeechStarted(event) {
+    this.userSpeaking = true;
+    this.view.renderUser(this.utterance(event.item_id));
+    // The user talks over the assistant: stop it at once, whatever the server does.
+    if (this.replyInFlight() || this.playing) this.bargeIn({ cancelResponse: false });
+  }
+
+  onSpeechStopped() {
+    this.userSpeaking = false;
+    this.awaitingReplyAt = performance.now();
+  }
+
+  onTranscriptionDelta(event) {
+    const utterance = this.utterance(event.item_id);
+    utterance.deltaText += event.delta || "";
+    this.view.renderUser(utterance);
+  }
+
+  onTranscriptionPartial(event) {
+    const utterance = this.utterance(event.item_id);
+    utterance.partial = { stable: event.stable || "", unstable: event.unstable || "" };
+    this.view.renderUser(utterance);
+  }
+
+  onTranscriptionCompleted(event) {
+    const utterance = this.utterance(event.item_id);
+    utterance.finalText = (event.transcript || "").trim();
+    if (!utterance.finalText) {
+      this.view.removeUser(event.item_id); // a noise, not words: no empty bubble
+      return;
+    }
+    this.view.renderUser(utterance);
+    this.view.announce(`You said: ${utterance.finalText}`);
+  }
+
+  utterance(itemId) {
+    if (!this.utterances.has(itemId)) this.utterances.set(itemId, new UserUtterance(itemId));
+    return this.utterances.get(itemId);
+  }
+
+  // ---- assistant reply ------------------------------------------------------
+
+  onResponseCreated(event) {
+    const responseId = event.response && event.response.id;
+    if (!responseId) return;
+    if (this.currentResponseId && this.currentResponseId !== responseId) this.droppedResponses.add(this.currentResponseId);
+    this.currentResponseId = responseId;
+    voiceStats.turns += 1;
+    this.view.renderReply(this.reply(responseId));
+  }
+
+  onDraft(event) {
+    if (this.droppedResponses.has(event.response_id)) return;
+    const reply = this.reply(event.response_id);
+    if (event.item_id) reply.itemId = event.item_id;
+    reply.setDraft(event.committed_text, event.draft_text, event.step, event.tokens_per_forward);
+    if (event.tokens_per_forward != null) voiceStats.lastTokensPerForward = event.tokens_per_forward;
+    this.view.renderReply(reply);
+  }
+
+  onAudioDelta(event) {
+    // Audio of a reply that was interrupted or superseded must never play.
+    if (this.droppedResponses.has(event.response_id) || event.response_id !== this.currentResponseId) return;
+    let pcm16;
+    try {
+      pcm16 = base64ToPcm16(event.delta);
+    } catch (error) {
+      this.showError(`Bad audio from the server: ${error.message}`);
+      return;
+    }
+    const reply = this.reply(event.response_id);
+    reply.itemId = event.item_id;
+    reply.addAudio(pcm16.length);
+    this.audio.enqueue(event.item_id, pcm16);
+  }
+
+  onAudioDone(event) {
+    if (event.item_id) this.audio.endItem(event.item_id);
+  }
+
+  onAudioTranscriptDelta(event) {
+    if (this.droppedResponses.has(event.response_id)) return;
+    const reply = this.reply(event.response_id);
+    reply.addTranscriptDelta(event.delta || "");
+    this.view.renderReply(reply);
+  }
+
+  onAudioTranscriptDone(event) {
+    if (this.droppedResponses.has(event.response_id)) return;
+    const reply = this.reply(event.response_id);
+    reply.finishTranscript(event.transcript || "");
+    this.view.renderReply(reply);
+  }
+
+  onResponseDone(event) {
+    const response = event.response || {};
+    if (!response.id) return;
+    const reply = this.reply(response.id);
+    reply.finish(response.status || "completed");
+    if (reply.itemId) this.audio.endItem(reply.itemId);
+    // A reply that ends with no audio to wait for ends the "thinking" phase too.
+    if (response.id === this.currentResponseId && reply.receivedSamples === 0) this.awaitingReplyAt = null;
+    this.view.renderReply(reply);
+    if (reply.transcript) this.view.announce(`Assistant said: ${reply.transcript}`);
+  }
+
+  onTurnMetrics(event) {
+    const reply = this.reply(event.response_id);
+    reply.metrics = event;
+    if (event.speech_stopped_to_first_audio_ms != null) voiceStats.lastServerLatencyMs = event.speech_stopped_to_first_audio_ms;
+    if (event.tokens_per_forward != null) voiceStats.lastTokensPerForward = event.tokens_per_forward;
+    this.view.renderReply(reply);
+    this.showLatestMetrics(reply);
+  }
+
+  reply(responseId) {
+    if (!this.replies.has(responseId)) this.replies.set(responseId, new AssistantReply(responseId));
+    return this.replies.get(responseId);
+  }
+
+  replyInFlight() {
+    const reply = this.currentResponseId && this.replies.get(this.currentResponseId);
+    return Boolean(reply && !reply.finished && !this.droppedResponses.has(reply.responseId));
+  }
+
+  // ---- playback and barge-in -------------------------------------------------
+
+  onPlaybackProgress(progress) {
+    voiceStats.samplesPlayed = progress.playedTotal;
+    this.playing = progress.playing;
+    const reply = this.replyForItem(progress.itemId);
+    if (reply && !this.droppedResponses.has(reply.responseId)) {
+      reply.playedSamples = progress.itemPlayedSamples;
+      if (progress.playing && this.awaitingReplyAt !== null) {
+        reply.heardAfterMs = performance.now() - this.awaitingReplyAt;
+        voiceStats.lastLatencyMs = Math.round(reply.heardAfterMs);
+        this.awaitingReplyAt = null;
+        this.showLatestMetrics(reply);
+      }
+      this.view.renderReply(reply);
+    }
+    this.updateState();
+  }
+
+  replyForItem(itemId) {
+    if (!itemId) return null;
+    for (const reply of this.replies.values()) if (reply.itemId === itemId) return reply;
+    return null;
+  }
+
+  /**
+   * Stop the current reply now: drop queued audio, tell the server what was heard.
+   * The server cancels on its own when it detects speech; a typed turn or Escape asks it to.
+   */
+  async bargeIn({ cancelResponse }) {
+    const responseId = this.currentResponseId;
+    if (!responseId || this.droppedResponses.has(responseId)) return;
+    const reply = this.reply(responseId);
+    const wasInFlight = !reply.finished;
+    this.droppedResponses.add(responseId);
+    if (cancelResponse && wasInFlight) this.connection.send({ type: "response.cancel" });
+    const cleared = await this.audio.clear();
+    const cutShort = wasInFlight || cleared.droppedSamples > 0;
+    for (const item of cleared.items) this.truncate(item.itemId, item.playedSamples);
+    if (!cutShort) return;
+    reply.interrupted = true;
+    voiceStats.interruptions += 1;
+    this.playing = false;
+    this.view.renderReply(reply);
+    this.updateState();
+  }
+
+  truncate(itemId, playedSamples) {
+    if (this.truncatedItems.has(itemId)) return;
+    this.truncatedItems.add(itemId);
+    this.connection.send({
+      type: "conversation.item.truncate",
+      item_id: itemId,
+      content_index: 0,
+      audio_end_ms: Math.floor((playedSamples * 1000) / WIRE_RATE),
+    });
+  }
+
+  onOutputAudioCleared() {
+    this.bargeIn({ cancelResponse: false });
+  }
+
+  // ---- state and feedback --------------------------------------------------
+
+  updateState() {
+    const state = this.currentState();
+    voiceStats.state = state;
+    if (document.body.dataset.state === state) return;
+    document.body.dataset.state = state;
+    $("state").textContent = STATE_LABELS[state];
+  }
+
+  currentState() {
+    if (!this.connection.isOpen || !this.audio.playbackReady) return "idle";
+    if (this.userSpeaking) return "user-speaking";
+    const current = this.currentResponseId && this.replies.get(this.currentResponseId);
+    const replyAudioPending = current && !this.droppedResponses.has(current.responseId) && current.receivedSamples > 0 && !current.finished;
+    if (this.playing || (replyAudioPending && this.awaitingReplyAt === null)) return "speaking";
+    if (this.awaitingReplyAt !== null || this.replyInFlight()) return "thinking";
+    return "listening";
+  }
+
+  showLatestMetrics(reply) {
+    const latency = reply.metrics && reply.metrics.speech_stopped_to_first_audio_ms;
+    $("latency").textContent = latency != null ? `${Math.round(latency)} ms` : reply.heardAfterMs != null ? `${Math.round(reply.heardAfterMs)} ms` : "–";
+    const tokens = voiceStats.lastTokensPerForward;
+    $("tokens-per-forward").textContent = tokens != null ? Number(tokens).toFixed(1) : "–";
+  }
+
+  onErrorEvent(event) {
+    const error = event.error || {};
+    const where = error.param ? ` (${error.param})` : "";
+    const message = `${error.message || "The server reported an error."}${where}`;
+    voiceStats.errors.push(message);
+    this.showError(message);
+  }
+
+  showError(message, kind = "server") {
+    const banner = $("error-banner");
+    banner.dataset.kind = kind;
+    $("error-text").textContent = message;
+    banner.hidden = false;
+  }
+
+  hideError(kind) {
+    const banner = $("error-banner");
+    if (kind && banner.dataset.kind !== kind) return;
+    banner.hidden = true;
+  }
+}
+
+const STATE_LABELS = {
+  idle: "idle",
+  listening: "listening",
+  "user-speaking": "hearing you",
+  thinking: "thinking",
+  speaking: "speaking",
+};
+
+const SERVER_EVENT_HANDLERS = {
+  "session.created": function (event) {
+    voiceStats.sessionId = event.session && event.session.id;
+  },
+  "input_audio_buffer.speech_started": VoicePage.prototype.onSpeechStarted,
+  "input_audio_buffer.speech_stopped": VoicePage.prototype.onSpeechStopped,
+  "conversation.item.input_audio_transcription.delta": VoicePage.prototype.onTranscriptionDelta,
+  "x_input_audio_transcription.partial": VoicePage.prototype.onTranscriptionPartial,
+  "conversation.item.input_audio_transcription.completed": VoicePage.prototype.onTranscriptionCompleted,
+  "response.created": VoicePage.prototype.onResponseCreated,
+  "x_response.draft": VoicePage.prototype.onDraft,
+  "response.output_audio.delta": VoicePage.prototype.onAudioDelta,
+  "response.output_audio.done": VoicePage.prototype.onAudioDone,
+  "response.output_audio_transcript.delta": VoicePage.prototype.onAudioTranscriptDelta,
+  "response.output_audio_transcript.done": VoicePage.prototype.onAudioTranscriptDone,
+  "response.done": VoicePage.prototype.onResponseDone,
+  "output_audio_buffer.cleared": VoicePage.prototype.onOutputAudioCleared,
+  "x_turn.metrics": VoicePage.prototype.onTurnMetrics,
+  error: VoicePage.prototype.onErrorEvent,
+};
+
+new VoicePage().start();
