@@ -1,0 +1,114 @@
+"""Which masked positions a denoising step commits, for a whole batch in one call.
+
+Per request row r of a block: commit every masked position whose confidence reaches
+threshold[r], and always the single most confident masked position (ties: lowest position),
+so each step makes progress. A row with no masked position commits nothing. Confidences are
+probabilities; NaN is not a valid confidence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.dispatch import Backend, resolve_backend
+
+
+def check_inputs(confidence: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor) -> None:
+    """Raise ValueError naming the bad argument."""
+    if confidence.dim() != 2:
+        raise ValueError(f"select_commits: confidence must be [R, B], got shape {tuple(confidence.shape)}")
+    if not confidence.dtype.is_floating_point:
+        raise ValueError(f"select_commits: confidence must be floating point, got {confidence.dtype}")
+    if masked.shape != confidence.shape:
+        raise ValueError(
+            f"select_commits: masked shape {tuple(masked.shape)} differs from confidence "
+            f"shape {tuple(confidence.shape)}"
+        )
+    if masked.dtype != torch.bool:
+        raise ValueError(f"select_commits: masked must be torch.bool, got {masked.dtype}")
+    if threshold.shape != (confidence.shape[0],):
+        raise ValueError(
+            f"select_commits: threshold must be [R] = [{confidence.shape[0]}], got shape "
+            f"{tuple(threshold.shape)}"
+        )
+    if not threshold.dtype.is_floating_point:
+        raise ValueError(f"select_commits: threshold must be floating point, got {threshold.dtype}")
+    for name, tensor in (("masked", masked), ("threshold", threshold)):
+        if tensor.device != confidence.device:
+            raise ValueError(
+                f"select_commits: {name} is on {tensor.device}, confidence on {confidence.device}"
+            )
+
+
+def check_token_inputs(tokens: torch.Tensor, candidate_tokens: torch.Tensor, masked: torch.Tensor) -> None:
+    """The extra tensors of `commit_tokens_`: same shape and device as the mask, integer."""
+    for name, tensor in (("tokens", tokens), ("candidate_tokens", candidate_tokens)):
+        if tensor.shape != masked.shape:
+            raise ValueError(
+                f"commit_tokens_: {name} shape {tuple(tensor.shape)} differs from masked "
+                f"shape {tuple(masked.shape)}"
+            )
+        if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
+            raise ValueError(f"commit_tokens_: {name} must hold integer token ids, got {tensor.dtype}")
+        if tensor.device != masked.device:
+            raise ValueError(f"commit_tokens_: {name} is on {tensor.device}, masked on {masked.device}")
+    if tokens.dtype != candidate_tokens.dtype:
+        raise ValueError(
+            f"commit_tokens_: tokens ({tokens.dtype}) and candidate_tokens "
+            f"({candidate_tokens.dtype}) must have the same dtype"
+        )
+
+
+def reference(confidence: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """Plain torch: bool [R, B] of the positions to commit."""
+    check_inputs(confidence, masked, threshold)
+    if confidence.numel() == 0:
+        return torch.zeros_like(masked)
+    conf = confidence.float()
+    masked_conf = torch.where(masked, conf, float("-inf"))
+    best = masked_conf.amax(dim=1, keepdim=True)
+    # First masked position reaching the best confidence (argmax of 0/1 returns the first 1).
+    first_best = (masked & (conf == best)).to(torch.uint8).argmax(dim=1, keepdim=True)
+    commit = masked & (conf >= threshold.float()[:, None])
+    forced = torch.zeros_like(masked).scatter_(1, first_best, masked.any(dim=1, keepdim=True))
+    return commit | forced
+
+
+def select_commits(
+    confidence: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor, *,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """bool [R, B]: masked positions with confidence >= threshold[r], plus each row's most
+    confident masked position; nothing for rows without masked positions."""
+    check_inputs(confidence, masked, threshold)
+    if resolve_backend(backend, confidence.device, "select_commits") == "reference":
+        return reference(confidence, masked, threshold)
+    from kernels.triton_ops.commit_selection import run_select_commits
+
+    return run_select_commits(confidence, masked, threshold)
+
+
+def reference_commit_tokens_(
+    tokens: torch.Tensor, masked: torch.Tensor, candidate_tokens: torch.Tensor,
+    confidence: torch.Tensor, threshold: torch.Tensor,
+) -> torch.Tensor:
+    """Plain torch `commit_tokens_`."""
+    committed = reference(confidence, masked, threshold)
+    tokens.copy_(torch.where(committed, candidate_tokens, tokens))
+    masked &= ~committed
+    return committed
+
+
+def commit_tokens_(
+    tokens: torch.Tensor, masked: torch.Tensor, candidate_tokens: torch.Tensor,
+    confidence: torch.Tensor, threshold: torch.Tensor, *, backend: Backend = "auto",
+) -> torch.Tensor:
+    """Select commits as `select_commits` does, then in place write candidate_tokens into
+    tokens and clear masked at the committed positions. Returns the committed bool [R, B]."""
+    check_inputs(confidence, masked, threshold)
+    check_token_inputs(tokens, candidate_tokens, masked)
+    if resolve_backend(backend, confidence.device, "commit_tokens_") == "reference":
+        return reference_commit_tokens_(tokens, masked, candidate_tokens, confidence, threshold)
+    from kernels.triton_ops.commit_selection import run_commit_tokens_
+
+    return run_commit_tokens_(tokens, masked, candidate_tokens, confidence, threshold)

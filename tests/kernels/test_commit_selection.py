@@ -1,0 +1,125 @@
+"""select_commits / commit_tokens_: the Triton kernel (interpreted on CPU) against the
+reference, and the reference against the rule itself."""
+
+import pytest
+import torch
+
+from kernels import commit_tokens_, select_commits
+from kernels.commit_selection import reference, reference_commit_tokens_
+
+BOTH = ["reference", "triton"]
+
+
+def awkward_batch(rows: int, block_len: int):
+    """Random confidences and masks with one empty row, one all-masked row and one row whose
+    masked confidences all lie below its threshold."""
+    confidence = torch.rand(rows, block_len)
+    masked = torch.rand(rows, block_len) < 0.5
+    threshold = torch.rand(rows) * 0.5 + 0.5
+    masked[0] = False
+    masked[1] = True
+    confidence[2] = torch.rand(block_len) * 0.4
+    return confidence, masked, threshold
+
+
+@pytest.mark.parametrize("poisoned_outputs", [True, False], indirect=True)
+@pytest.mark.parametrize("rows,block_len", [(5, 13), (3, 1), (9, 33), (4, 32)])
+def test_triton_matches_reference(poisoned_outputs, rows, block_len):
+    confidence, masked, threshold = awkward_batch(max(rows, 3), block_len)
+    assert torch.equal(
+        select_commits(confidence, masked, threshold, backend="triton"),
+        reference(confidence, masked, threshold),
+    )
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_commit_rule(backend):
+    confidence = torch.tensor([
+        [0.95, 0.20, 0.91, 0.50],  # two over the threshold, one of them already committed
+        [0.10, 0.30, 0.20, 0.30],  # none over: only the best; tie -> lowest position
+        [0.99, 0.99, 0.99, 0.99],  # nothing masked: nothing committed
+        [0.40, 0.60, 0.60, 0.10],  # threshold 0: every masked position
+    ])
+    masked = torch.tensor([
+        [False, True, True, True],
+        [True, True, True, True],
+        [False, False, False, False],
+        [True, False, True, True],
+    ])
+    threshold = torch.tensor([0.9, 0.9, 0.5, 0.0])
+    expected = torch.tensor([
+        [False, False, True, False],
+        [False, True, False, False],
+        [False, False, False, False],
+        [True, False, True, True],
+    ])
+    assert torch.equal(select_commits(confidence, masked, threshold, backend=backend), expected)
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_threshold_above_one_commits_exactly_one_per_row(backend):
+    confidence, masked, threshold = awkward_batch(6, 11)
+    committed = select_commits(confidence, masked, torch.full((6,), 1.5), backend=backend)
+    assert committed.sum(dim=1).tolist() == masked.any(dim=1).int().tolist()
+    assert not (committed & ~masked).any()
+
+
+@pytest.mark.parametrize("poisoned_outputs", [True, False], indirect=True)
+def test_fused_commit_writes_tokens_and_clears_mask(poisoned_outputs):
+    confidence, masked, threshold = awkward_batch(6, 19)
+    tokens = torch.randint(0, 1000, (6, 19))
+    candidates = torch.randint(0, 1000, (6, 19))
+    ref_tokens, ref_masked = tokens.clone(), masked.clone()
+    committed = commit_tokens_(tokens, masked, candidates, confidence, threshold, backend="triton")
+    ref_committed = reference_commit_tokens_(ref_tokens, ref_masked, candidates, confidence, threshold)
+    assert torch.equal(committed, ref_committed)
+    assert torch.equal(tokens, ref_tokens)
+    assert torch.equal(masked, ref_masked)
+
+
+def test_reference_fused_commit_semantics():
+    confidence, masked, threshold = awkward_batch(4, 9)
+    tokens = torch.full((4, 9), -1)
+    candidates = torch.arange(36).reshape(4, 9)
+    before = masked.clone()
+    committed = commit_tokens_(tokens, masked, candidates, confidence, threshold)
+    assert torch.equal(committed, reference(confidence, before, threshold))
+    assert torch.equal(tokens, torch.where(committed, candidates, -1))
+    assert torch.equal(masked, before & ~committed)
+
+
+def test_strided_inputs():
+    wide = torch.rand(5, 30)
+    confidence = wide[:, ::2]
+    masked = (torch.rand(5, 30) < 0.6)[:, 1::2]
+    threshold = torch.rand(5)
+    assert torch.equal(
+        select_commits(confidence, masked, threshold, backend="triton"),
+        reference(confidence.contiguous(), masked.contiguous(), threshold),
+    )
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_empty_batch(backend):
+    committed = select_commits(torch.rand(0, 8), torch.zeros(0, 8, dtype=torch.bool), torch.rand(0), backend=backend)
+    assert committed.shape == (0, 8)
+
+
+@pytest.mark.parametrize(
+    "confidence,masked,threshold,message",
+    [
+        (torch.rand(4), torch.zeros(4, dtype=torch.bool), torch.rand(1), "confidence must be"),
+        (torch.rand(2, 4), torch.zeros(2, 5, dtype=torch.bool), torch.rand(2), "masked shape"),
+        (torch.rand(2, 4), torch.zeros(2, 4), torch.rand(2), "masked must be torch.bool"),
+        (torch.rand(2, 4), torch.zeros(2, 4, dtype=torch.bool), torch.rand(3), "threshold must be"),
+    ],
+)
+def test_bad_inputs_name_the_problem(confidence, masked, threshold, message):
+    with pytest.raises(ValueError, match=message):
+        select_commits(confidence, masked, threshold)
+
+
+def test_fused_commit_rejects_float_tokens():
+    confidence, masked, threshold = awkward_batch(3, 4)
+    with pytest.raises(ValueError, match="tokens must hold integer token ids"):
+        commit_tokens_(torch.zeros(3, 4), masked, torch.zeros(3, 4), confidence, threshold)
