@@ -1,0 +1,1 @@
+"""The voice pipeline: realtime sessions over ASR, the diffusion LLM engine and TTS."""

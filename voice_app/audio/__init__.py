@@ -1,0 +1,1 @@
+"""Audio plumbing: PCM16 conversion, resampling, voice activity detection."""

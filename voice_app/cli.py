@@ -1,0 +1,75 @@
+"""`voice-app serve | desktop | loadtest`.
+
+Each subcommand lives in its own module with `register(subparsers)`; modules that are not
+there (yet) are simply not offered. Flags override env vars (VOICE_APP_*) and .env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+from typing import Any
+
+from voice_app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SUBCOMMAND_MODULES = ("voice_app.desktop", "voice_app.loadtest")
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags every mode that loads models shares; they map onto Settings fields."""
+    parser.add_argument("--engine-model", help="engine model name (default: smollm2-135m-bd)")
+    parser.add_argument("--engine-mode", choices=["diffusion", "autoregressive"])
+    parser.add_argument("--max-new-tokens", type=int, help="reply length cap in tokens")
+    parser.add_argument("--whisper-model", help="faster-whisper model name or CTranslate2 directory")
+    parser.add_argument("--piper-voice", help="Piper voice .onnx file")
+    parser.add_argument("--instructions", help="system prompt replacing the default")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from env/.env, with every flag the user gave taking precedence."""
+    overrides = {name: value for name, value in vars(args).items()
+                 if value is not None and name in Settings.model_fields}
+    return Settings(**overrides)
+
+
+def _register_serve(subparsers: Any) -> None:
+    parser = subparsers.add_parser("serve", help="serve the web page and the realtime websocket")
+    parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default 8765)")
+    parser.add_argument("--web-dir", help="directory served at / (default web)")
+    parser.add_argument("--max-sessions", type=int, help="concurrent sessions before refusing (1013)")
+    add_model_flags(parser)
+    parser.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from voice_app.server import serve
+
+    serve(settings_from_args(args))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voice-app", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _register_serve(subparsers)
+    for module_name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise  # the module exists but something it needs is missing: say so
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return args.run(args)

