@@ -55,7 +55,9 @@ def reference(
     exp_sum = torch.zeros(rows, dtype=torch.float32, device=device)
     weighted_sum = torch.zeros(rows, dtype=torch.float32, device=device)
     for start in range(0, weight.shape[0], vocab_chunk):
-        logits = (hidden @ weight[start:start + vocab_chunk].T).float() / temperature
+        logits = (hidden @ weight[start:start + vocab_chunk].T).float()
+        if temperature != 1.0:
+            logits.div_(temperature)
         chunk_max, chunk_arg = logits.max(dim=1)
         new_max = torch.maximum(best_logit, chunk_max)
         # Strictly greater: on ties the earlier chunk (lower token id) keeps the argmax.
@@ -68,10 +70,10 @@ def reference(
         rescale = torch.where(started, torch.exp(shift), 0.0)
         weighted_sum = rescale * (weighted_sum + exp_sum * shift)
         exp_sum = exp_sum * rescale
-        centred = logits - new_max[:, None]
+        centred = logits.sub_(new_max[:, None])  # in place: the chunk's logits are not reused
         probs = torch.exp(centred)
         exp_sum = exp_sum + probs.sum(dim=1)
-        weighted_sum = weighted_sum + (probs * centred).sum(dim=1)
+        weighted_sum = weighted_sum + torch.linalg.vecdot(probs, centred)
         best_logit = new_max
     return best_token, 1.0 / exp_sum, torch.log(exp_sum) - weighted_sum / exp_sum
 
