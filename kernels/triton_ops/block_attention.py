@@ -27,8 +27,9 @@ def _block_attention_kernel(
     DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     tile = tl.program_id(0)
-    row = tl.program_id(1) // kv_heads
-    kv_head = tl.program_id(1) % kv_heads
+    # int64: row * row stride overflows int32 for large batched caches.
+    row = (tl.program_id(1) // kv_heads).to(tl.int64)
+    kv_head = (tl.program_id(1) % kv_heads).to(tl.int64)
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < group * block_len
     q_head = kv_head * group + offs_m // block_len

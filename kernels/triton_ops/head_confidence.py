@@ -8,6 +8,8 @@ kernel merges the slices. Neither writes the [N, V] logits.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -46,7 +48,8 @@ def _slice_stats_kernel(
             h_ok = offs_h < hidden_size
             x = tl.load(hidden_ptr + offs_n[:, None] * stride_hn + offs_h[None, :] * stride_hh,
                         mask=row_ok[:, None] & h_ok[None, :], other=0.0)
-            w = tl.load(weight_ptr + offs_v[None, :] * stride_wv + offs_h[:, None] * stride_wh,
+            # int64 row offsets: a 256k x 8192 head has more elements than int32 counts.
+            w = tl.load(weight_ptr + offs_v[None, :].to(tl.int64) * stride_wv + offs_h[:, None] * stride_wh,
                         mask=col_ok[None, :] & h_ok[:, None], other=0.0)
             if UPCAST_DOT:
                 x = x.to(tl.float32)
@@ -103,11 +106,15 @@ def _merge_slices_kernel(
     tl.store(entropy_ptr + row, tl.log(total) - wsum / total)
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _split_count(device: torch.device, n_blocks: int, tiles: int) -> int:
     """Enough vocabulary slices that all SMs have about two programs."""
     if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        wanted = max(1, (2 * sms) // n_blocks)
+        wanted = max(1, (2 * _sm_count(device)) // n_blocks)
     else:
         wanted = INTERPRETER_SPLITS
     return max(1, min(wanted, tiles))
