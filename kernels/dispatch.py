@@ -9,6 +9,7 @@ tensors with ``TRITON_INTERPRET=1`` set before the Triton kernels are first impo
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 from typing import Literal
@@ -27,7 +28,7 @@ _warned_no_triton = False
 def triton_installed() -> bool:
     """True when the optional `triton` package imports (asked only when Triton could run)."""
     try:
-        import triton  # noqa: F401
+        importlib.import_module("triton")
     except ImportError:
         return False
     return True

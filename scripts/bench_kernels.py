@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -74,18 +75,17 @@ def bench_heads(device: torch.device, dtypes: list[torch.dtype], heads: list, re
             for rows in HEAD_ROWS:
                 hidden = (torch.randn(rows, hidden_size, device=device) * 2).to(dtype)
                 impls: dict[str, Callable[[], object]] = {
-                    "reference": lambda: head_reference(hidden, weight),
-                    "plain_softmax": lambda: plain_softmax_head(hidden, weight),
+                    "reference": partial(head_reference, hidden, weight),
+                    "plain_softmax": partial(plain_softmax_head, hidden, weight),
                 }
                 check = {}
                 if device.type == "cuda":
-                    impls["triton"] = lambda: confidence_head(hidden, weight, backend="triton")
+                    impls["triton"] = partial(confidence_head, hidden, weight, backend="triton")
                     check = check_head(hidden, weight)
                 records.append({
                     "op": "confidence_head", "case": f"{model} N={rows} V={vocab} H={hidden_size}",
                     "dtype": str(dtype).removeprefix("torch."), "ms": median_ms(impls, repeats, device), **check,
                 })
-            del weight
     return records
 
 
@@ -106,10 +106,10 @@ def bench_commits(device: torch.device, repeats: int) -> list[dict]:
     confidence = torch.rand(rows, block_len, device=device)
     masked = torch.rand(rows, block_len, device=device) < 0.6
     threshold = torch.full((rows,), 0.9, device=device)
-    impls: dict[str, Callable[[], object]] = {"reference": lambda: commits_reference(confidence, masked, threshold)}
+    impls: dict[str, Callable[[], object]] = {"reference": partial(commits_reference, confidence, masked, threshold)}
     check = {}
     if device.type == "cuda":
-        impls["triton"] = lambda: select_commits(confidence, masked, threshold, backend="triton")
+        impls["triton"] = partial(select_commits, confidence, masked, threshold, backend="triton")
         check = {"ok": bool(torch.equal(impls["triton"](), impls["reference"]()))}
     return [{"op": "select_commits", "case": f"R={rows} B={block_len}", "dtype": "float32",
              "ms": median_ms(impls, repeats, device), **check}]
@@ -124,10 +124,10 @@ def bench_attention(device: torch.device, dtype: torch.dtype, repeats: int) -> l
         v_cache = torch.randn_like(k_cache)
         prefix_lens = torch.randint(0, cache_len - block_len + 1, (rows,))
         impls: dict[str, Callable[[], object]] = {
-            "reference": lambda: attention_reference(q, k_cache, v_cache, prefix_lens)}
+            "reference": partial(attention_reference, q, k_cache, v_cache, prefix_lens)}
         check = {}
         if device.type == "cuda":
-            impls["triton"] = lambda: block_attention(q, k_cache, v_cache, prefix_lens, backend="triton")
+            impls["triton"] = partial(block_attention, q, k_cache, v_cache, prefix_lens, backend="triton")
             expected = attention_reference(q.float(), k_cache.float(), v_cache.float(), prefix_lens)
             err = (impls["triton"]().float() - expected).abs().max().item()
             check = {"max_abs_err": err, "ok": err < 2e-2}
