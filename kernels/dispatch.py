@@ -12,6 +12,7 @@ import functools
 import importlib
 import logging
 import os
+import sys
 from typing import Literal
 
 import torch
@@ -35,8 +36,16 @@ def triton_installed() -> bool:
 
 
 def triton_interpreting() -> bool:
-    """True when Triton kernels will be (or were) built for the CPU interpreter."""
+    """True when TRITON_INTERPRET asks for Triton's CPU interpreter (read now)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def triton_kernels_interpreted() -> bool:
+    """Whether our Triton kernels run in the interpreter. Triton fixes this per kernel when
+    it is decorated, so once kernels.triton_ops is imported its answer stands, whatever the
+    environment says later."""
+    ops = sys.modules.get("kernels.triton_ops")
+    return ops.INTERPRETED if ops is not None else triton_interpreting()
 
 
 def resolve_backend(backend: str, device: torch.device, op: str) -> Literal["reference", "triton"]:
@@ -61,7 +70,7 @@ def resolve_backend(backend: str, device: torch.device, op: str) -> Literal["ref
         return "reference"
     if not triton_installed():
         raise RuntimeError(f"{op}: backend='triton' needs the triton package (pip install triton)")
-    if device.type != "cuda" and not triton_interpreting():
+    if device.type != "cuda" and not triton_kernels_interpreted():
         raise RuntimeError(
             f"{op}: backend='triton' on {device.type} tensors needs TRITON_INTERPRET=1 set "
             "before the Triton kernels are imported"

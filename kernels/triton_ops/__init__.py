@@ -8,6 +8,9 @@ import torch
 
 from kernels.dispatch import triton_interpreting
 
+# Fixed now, like the decoration of the kernels in the modules of this package.
+INTERPRETED: bool = triton_interpreting()
+
 
 def dot_options(dtype: torch.dtype) -> dict[str, object]:
     """Constexpr arguments for kernels that call tl.dot on `dtype` operands.
@@ -19,5 +22,5 @@ def dot_options(dtype: torch.dtype) -> dict[str, object]:
     """
     return {
         "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "UPCAST_DOT": triton_interpreting() and dtype != torch.float32,
+        "UPCAST_DOT": INTERPRETED and dtype != torch.float32,
     }

@@ -1,19 +1,34 @@
 """Kernel tests run every Triton kernel on CPU tensors in Triton's interpreter.
 
 Triton decides interpreted-or-compiled when a kernel is decorated, i.e. when a module of
-kernels.triton_ops is first imported, so the variable is set here, before any test runs.
+kernels.triton_ops is first imported. So the kernels are imported here, at collection,
+with TRITON_INTERPRET=1. The interpreter reads the variable again while it runs a kernel,
+so each kernel test sets it for its own duration; outside these tests it is put back, so
+that servers and engines other tests start in subprocesses (on a GPU machine) do not
+inherit the interpreter.
 """
 
 import os
 
+_saved_interpret = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import kernels.triton_ops.block_attention
+    import kernels.triton_ops.commit_selection
+    import kernels.triton_ops.head_confidence  # noqa: F401
+finally:
+    if _saved_interpret is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved_interpret
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def seeded() -> None:
+def interpreter_and_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     torch.manual_seed(1234)
 
 
