@@ -41,11 +41,11 @@ def triton_interpreting() -> bool:
 
 
 def triton_kernels_interpreted() -> bool:
-    """Whether our Triton kernels run in the interpreter. Triton fixes this per kernel when
-    it is decorated, so once kernels.triton_ops is imported its answer stands, whatever the
-    environment says later."""
+    """Whether our Triton kernels can run in the interpreter now. Triton fixes the mode per
+    kernel when it is decorated (kernels.triton_ops records it), and the interpreter reads
+    TRITON_INTERPRET again while it runs, so both must say so."""
     ops = sys.modules.get("kernels.triton_ops")
-    return ops.INTERPRETED if ops is not None else triton_interpreting()
+    return triton_interpreting() and (ops is None or ops.INTERPRETED)
 
 
 def resolve_backend(backend: str, device: torch.device, op: str) -> Literal["reference", "triton"]:
@@ -72,7 +72,7 @@ def resolve_backend(backend: str, device: torch.device, op: str) -> Literal["ref
         raise RuntimeError(f"{op}: backend='triton' needs the triton package (pip install triton)")
     if device.type != "cuda" and not triton_kernels_interpreted():
         raise RuntimeError(
-            f"{op}: backend='triton' on {device.type} tensors needs TRITON_INTERPRET=1 set "
-            "before the Triton kernels are imported"
+            f"{op}: backend='triton' on {device.type} tensors needs TRITON_INTERPRET=1, set "
+            "before the Triton kernels are imported and while they run"
         )
     return "triton"

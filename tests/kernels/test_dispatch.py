@@ -76,3 +76,9 @@ def test_everything_works_without_triton_installed():
     assert "shapes (3,) (2, 4) (1, 2, 3, 8)" in result.stdout, result.stderr
     assert "refused: confidence_head: backend='triton' needs the triton package" in result.stdout
     assert "triton imported: False" in result.stdout
+
+
+def test_triton_on_cpu_is_refused_once_the_interpreter_variable_is_gone(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        resolve_backend("triton", torch.device("cpu"), "block_attention")
