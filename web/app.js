@@ -12,7 +12,8 @@ const $ = (role) => document.querySelector(`[data-role="${role}"]`);
 const voiceStats = {
   connection: "connecting",
   state: "idle",
-  samplesPlayed: 0,
+  samplesPlayed: 0, // assistant audio actually rendered, in 24 kHz samples
+  queuedSamples: 0, // assistant audio waiting in the playback buffer
   turns: 0, // assistant replies started
   interruptions: 0,
   lastLatencyMs: null, // end of user speech (as the page learns it) -> first reply audio played
@@ -307,6 +308,7 @@ class VoicePage {
 
   onPlaybackProgress(progress) {
     voiceStats.samplesPlayed = progress.playedTotal;
+    voiceStats.queuedSamples = progress.queuedSamples;
     this.playing = progress.playing;
     const reply = this.replyForItem(progress.itemId);
     if (reply && !this.droppedResponses.has(reply.responseId)) {
@@ -361,6 +363,13 @@ class VoicePage {
     });
   }
 
+  onItemTruncated(event) {
+    const reply = this.replyForItem(event.item_id);
+    if (!reply) return;
+    reply.heardMs = event.audio_end_ms; // the server now keeps only what was heard
+    this.view.renderReply(reply);
+  }
+
   onOutputAudioCleared() {
     this.bargeIn({ cancelResponse: false });
   }
@@ -398,6 +407,8 @@ class VoicePage {
     const message = `${error.message || "The server reported an error."}${where}`;
     voiceStats.errors.push(message);
     this.showError(message);
+    // A turn the server refused to answer will not produce a reply to wait for.
+    if (!this.replyInFlight()) this.awaitingReplyAt = null;
   }
 
   showError(message, kind = "server") {
@@ -439,6 +450,7 @@ const SERVER_EVENT_HANDLERS = {
   "response.output_audio_transcript.done": VoicePage.prototype.onAudioTranscriptDone,
   "response.done": VoicePage.prototype.onResponseDone,
   "output_audio_buffer.cleared": VoicePage.prototype.onOutputAudioCleared,
+  "conversation.item.truncated": VoicePage.prototype.onItemTruncated,
   "x_turn.metrics": VoicePage.prototype.onTurnMetrics,
   error: VoicePage.prototype.onErrorEvent,
 };

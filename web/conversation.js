@@ -42,6 +42,8 @@ export class AssistantReply {
     this.status = "in_progress";
     this.interrupted = false;
     this.metrics = null;
+    this.heardAfterMs = null; // end of the user's turn -> first audio played, measured here
+    this.heardMs = null; // audio_end_ms the server confirmed after a barge-in
   }
 
   setDraft(committedText, draftText, step, tokensPerForward) {
@@ -167,6 +169,7 @@ export class ConversationView {
     text.classList.toggle("pending", !spoken && !settled && !draft);
     text.dataset.interrupted = String(reply.interrupted);
     text.dataset.status = reply.status;
+    if (reply.heardMs != null) text.dataset.heardMs = String(reply.heardMs);
     if (reply.itemId) element.dataset.itemId = reply.itemId;
     element.querySelector('[data-role="turn-metrics"]').textContent = describeReply(reply);
     this.keepBottomInView();
@@ -226,7 +229,7 @@ function span(className, text, tag = "span") {
 /** The small line under a reply: drafting progress, then the turn's measured latency. */
 export function describeReply(reply) {
   const facts = [];
-  if (reply.interrupted) facts.push("interrupted");
+  if (reply.interrupted) facts.push(reply.heardMs != null ? `interrupted after ${(reply.heardMs / 1000).toFixed(1)} s` : "interrupted");
   else if (reply.status === "cancelled") facts.push("cancelled");
   else if (reply.status === "failed" || reply.status === "incomplete") facts.push(reply.status);
   const metrics = reply.metrics;

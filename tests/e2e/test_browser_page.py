@@ -1,0 +1,163 @@
+"""The browser page against a real `voice-app serve`, in Debian's headless chromium.
+
+The fake microphone loops a Piper recording of QUESTION followed by a few seconds of
+silence. A test lets the question through, presses the page's mute button once the
+server has heard the end of the turn (so the loop does not ask again), and unmutes to
+talk over the reply when it wants a barge-in.
+
+Waits have generous upper bounds (models run on CPU); they bound a hang, they do not
+measure speed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TURN_TIMEOUT_MS = 90_000
+SCREENSHOT_DIR = Path(__file__).resolve().parents[2] / "docs"
+UPDATE_SCREENSHOTS = os.environ.get("UPDATE_SCREENSHOTS") == "1"
+
+
+@pytest.fixture
+def open_page(browser, voice_server: str) -> Iterator:
+    """Opens the page in a fresh browser context (a fresh server session) per call."""
+    contexts = []
+    page_errors: list[str] = []
+
+    def open_at(width: int = 1000, height: int = 760):
+        context = browser.new_context(viewport={"width": width, "height": height})
+        contexts.append(context)
+        page = context.new_page()
+        page.on("pageerror", lambda error: page_errors.append(str(error)))
+        page.goto(voice_server)
+        page.wait_for_function("window.voiceStats && window.voiceStats.connection === 'open'")
+        return page
+
+    yield open_at
+    for context in contexts:
+        context.close()
+    assert page_errors == [], f"the page threw: {page_errors}"
+
+
+def state(page) -> str:
+    return page.evaluate("document.body.dataset.state")
+
+
+def stats(page) -> dict:
+    return page.evaluate("({...window.voiceStats})")
+
+
+def wait_for_state(page, *states: str, timeout_ms: int = TURN_TIMEOUT_MS) -> None:
+    page.wait_for_function("(states) => states.includes(document.body.dataset.state)", arg=list(states),
+                           timeout=timeout_ms)
+
+
+def ask_spoken_question(page) -> None:
+    """Let the looping question through once, then mute before it comes round again."""
+    page.click('[data-role="start"]')
+    wait_for_state(page, "user-speaking")
+    wait_for_state(page, "thinking", "speaking")  # the server heard the end of the turn
+    page.click('[data-role="mute"]')
+    assert page.get_attribute('[data-role="mute"]', "aria-pressed") == "true"
+
+
+def wait_for_reply_audio(page) -> None:
+    page.wait_for_function("window.voiceStats.samplesPlayed > 0 && document.body.dataset.state === 'speaking'",
+                           timeout=TURN_TIMEOUT_MS)
+
+
+def last(page, role: str):
+    return page.locator(f'[data-role="{role}"]').last
+
+
+def test_page_connects_and_starts_listening_from_the_keyboard(open_page) -> None:
+    page = open_page()
+    assert state(page) == "idle"  # connected, but no audio until the user asks for it
+    assert page.get_attribute('[data-role="connection"]', "data-connection") == "open"
+    assert stats(page)["connection"] == "open"
+
+    page.focus('[data-role="start"]')
+    page.keyboard.press("Enter")
+    wait_for_state(page, "listening", "user-speaking")
+    assert page.is_hidden('[data-role="start"]')
+    assert page.is_enabled('[data-role="mute"]')
+
+    page.focus('[data-role="mute"]')
+    page.keyboard.press("Enter")
+    assert page.get_attribute('[data-role="mute"]', "aria-pressed") == "true"
+
+
+def test_spoken_question_is_transcribed_and_answered_aloud(open_page) -> None:
+    page = open_page()
+    ask_spoken_question(page)
+
+    user_text = last(page, "user-transcript").inner_text().lower()
+    assert "capital" in user_text and "france" in user_text
+
+    wait_for_reply_audio(page)
+    played_early = stats(page)["samplesPlayed"]
+    page.wait_for_function("(before) => window.voiceStats.samplesPlayed > before", arg=played_early,
+                           timeout=TURN_TIMEOUT_MS)
+
+    wait_for_state(page, "listening")  # the reply has finished playing
+    reply = last(page, "assistant-transcript")
+    assert reply.inner_text().strip() != ""
+    assert reply.get_attribute("data-status") == "completed"
+    assert reply.get_attribute("data-interrupted") == "false"
+    final = stats(page)
+    assert final["turns"] == 1
+    assert final["samplesPlayed"] > played_early
+    assert final["lastLatencyMs"] is not None and final["lastLatencyMs"] > 0
+    assert final["errors"] == []
+    assert "tokens/forward" in last(page, "turn-metrics").inner_text()
+
+    if UPDATE_SCREENSHOTS:
+        page.screenshot(path=str(SCREENSHOT_DIR / "screenshot.png"))
+
+
+def test_talking_over_the_reply_clears_playback_and_marks_it_interrupted(open_page) -> None:
+    page = open_page()
+    ask_spoken_question(page)
+    wait_for_reply_audio(page)
+
+    page.click('[data-role="mute"]')  # unmute: the looping question talks over the reply
+    wait_for_state(page, "user-speaking")
+
+    reply = last(page, "assistant-transcript")
+    assert reply.get_attribute("data-interrupted") == "true"
+    page.wait_for_function("window.voiceStats.queuedSamples === 0", timeout=10_000)
+    # The page told the server how much of the reply was heard, and the server confirmed.
+    page.wait_for_function(
+        "document.querySelector('[data-role=\"assistant-transcript\"][data-interrupted=\"true\"]')"
+        ".dataset.heardMs !== undefined", timeout=10_000)
+    heard_ms = int(reply.get_attribute("data-heard-ms"))
+    assert 0 < heard_ms <= stats(page)["samplesPlayed"] * 1000 // 24000
+    after = stats(page)
+    assert after["interruptions"] == 1
+    assert after["errors"] == []
+    assert "interrupted" in last(page, "turn-metrics").inner_text()
+
+
+def test_typed_question_gets_a_spoken_reply_on_a_phone_screen(open_page) -> None:
+    page = open_page(width=390, height=780)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing spills sideways
+
+    page.fill('[data-role="text-input"]', "What is the capital of France?")
+    page.press('[data-role="text-input"]', "Enter")  # no microphone: typing is enough
+    assert last(page, "user-transcript").inner_text() == "What is the capital of France?"
+    assert page.input_value('[data-role="text-input"]') == ""
+
+    wait_for_reply_audio(page)
+    wait_for_state(page, "listening")
+    assert last(page, "assistant-transcript").inner_text().strip() != ""
+    assert stats(page)["errors"] == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+    if UPDATE_SCREENSHOTS:
+        page.screenshot(path=str(SCREENSHOT_DIR / "screenshot-phone.png"))
