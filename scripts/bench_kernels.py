@@ -67,6 +67,21 @@ def median_ms(impls: dict[str, Callable[[], object]], repeats: int, device: torc
     return {name: round(statistics.median(values), 4) for name, values in times.items()}
 
 
+def add_triton(impls: dict[str, Callable[[], object]], run_triton: Callable[[], object],
+               check: Callable[[object], dict], device: torch.device) -> dict:
+    """On CUDA: run the Triton kernel once, check its output, and time it with the others.
+    A kernel that fails to compile or run is reported in the record, not fatal, so one
+    broken kernel still leaves the table of the rest."""
+    if device.type != "cuda":
+        return {}
+    try:
+        verdict = check(run_triton())
+    except Exception as error:  # noqa: BLE001 - any failure is the finding
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"[:800]}
+    impls["triton"] = run_triton
+    return verdict
+
+
 def bench_heads(device: torch.device, dtypes: list[torch.dtype], heads: list, repeats: int) -> list[dict]:
     records = []
     for model, vocab, hidden_size in heads:
@@ -78,10 +93,8 @@ def bench_heads(device: torch.device, dtypes: list[torch.dtype], heads: list, re
                     "reference": partial(head_reference, hidden, weight),
                     "plain_softmax": partial(plain_softmax_head, hidden, weight),
                 }
-                check = {}
-                if device.type == "cuda":
-                    impls["triton"] = partial(confidence_head, hidden, weight, backend="triton")
-                    check = check_head(hidden, weight)
+                check = add_triton(impls, partial(confidence_head, hidden, weight, backend="triton"),
+                                   partial(check_head, hidden, weight), device)
                 records.append({
                     "op": "confidence_head", "case": f"{model} N={rows} V={vocab} H={hidden_size}",
                     "dtype": str(dtype).removeprefix("torch."), "ms": median_ms(impls, repeats, device), **check,
@@ -89,9 +102,9 @@ def bench_heads(device: torch.device, dtypes: list[torch.dtype], heads: list, re
     return records
 
 
-def check_head(hidden: torch.Tensor, weight: torch.Tensor) -> dict:
+def check_head(hidden: torch.Tensor, weight: torch.Tensor, result: tuple[torch.Tensor, ...]) -> dict:
     """Triton on the native dtype against the reference on the same values in fp32."""
-    token, prob, entropy = confidence_head(hidden, weight, backend="triton")
+    token, prob, entropy = result
     ref_token, ref_prob, ref_entropy = head_reference(hidden.float(), weight.float())
     match = (token == ref_token).float().mean().item()
     prob_err = (prob - ref_prob).abs().max().item()
@@ -106,11 +119,10 @@ def bench_commits(device: torch.device, repeats: int) -> list[dict]:
     confidence = torch.rand(rows, block_len, device=device)
     masked = torch.rand(rows, block_len, device=device) < 0.6
     threshold = torch.full((rows,), 0.9, device=device)
+    expected = commits_reference(confidence, masked, threshold)
     impls: dict[str, Callable[[], object]] = {"reference": partial(commits_reference, confidence, masked, threshold)}
-    check = {}
-    if device.type == "cuda":
-        impls["triton"] = partial(select_commits, confidence, masked, threshold, backend="triton")
-        check = {"ok": bool(torch.equal(impls["triton"](), impls["reference"]()))}
+    check = add_triton(impls, partial(select_commits, confidence, masked, threshold, backend="triton"),
+                       lambda committed: {"ok": bool(torch.equal(committed, expected))}, device)
     return [{"op": "select_commits", "case": f"R={rows} B={block_len}", "dtype": "float32",
              "ms": median_ms(impls, repeats, device), **check}]
 
@@ -125,12 +137,8 @@ def bench_attention(device: torch.device, dtype: torch.dtype, repeats: int) -> l
         prefix_lens = torch.randint(0, cache_len - block_len + 1, (rows,))
         impls: dict[str, Callable[[], object]] = {
             "reference": partial(attention_reference, q, k_cache, v_cache, prefix_lens)}
-        check = {}
-        if device.type == "cuda":
-            impls["triton"] = partial(block_attention, q, k_cache, v_cache, prefix_lens, backend="triton")
-            expected = attention_reference(q.float(), k_cache.float(), v_cache.float(), prefix_lens)
-            err = (impls["triton"]().float() - expected).abs().max().item()
-            check = {"max_abs_err": err, "ok": err < 2e-2}
+        check = add_triton(impls, partial(block_attention, q, k_cache, v_cache, prefix_lens, backend="triton"),
+                           partial(check_attention, q, k_cache, v_cache, prefix_lens), device)
         records.append({
             "op": "block_attention",
             "case": f"{model} R={rows} Hq={q_heads} Hkv={kv_heads} Bq={block_len} L={cache_len} D={head_dim}",
@@ -139,13 +147,21 @@ def bench_attention(device: torch.device, dtype: torch.dtype, repeats: int) -> l
     return records
 
 
+def check_attention(q, k_cache, v_cache, prefix_lens, out: torch.Tensor) -> dict:
+    """Triton on the native dtype against the reference on the same values in fp32."""
+    expected = attention_reference(q.float(), k_cache.float(), v_cache.float(), prefix_lens)
+    err = (out.float() - expected).abs().max().item()
+    return {"max_abs_err": err, "ok": bool(torch.isfinite(out).all()) and err < 2e-2}
+
+
 def print_table(records: list[dict]) -> None:
     names = ["triton", "reference", "plain_softmax"]
     print(f"\n| op | case | dtype | {' | '.join(n + ' ms' for n in names)} | check |")
     print("|" + "---|" * (4 + len(names)))
     for record in records:
         times = " | ".join(f"{record['ms'][n]:.3f}" if n in record["ms"] else "-" for n in names)
-        verdict = "-" if "ok" not in record else ("ok" if record["ok"] else "MISMATCH")
+        verdict = ("ERROR (see JSON)" if "error" in record else "-" if "ok" not in record
+                   else "ok" if record["ok"] else "MISMATCH")
         print(f"| {record['op']} | {record['case']} | {record['dtype']} | {times} | {verdict} |")
 
 
