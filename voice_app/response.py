@@ -61,6 +61,7 @@ class Response:
         self.status = "in_progress"
         self.last_update: Any = None
         self.spoken_text = ""  # text of every sentence handed to the client so far
+        self.metrics_reported = False
         self.audio_sent_samples = 0
         self._synthesizer = synthesizer
         self._speculative_tts = speculative_tts
@@ -115,6 +116,10 @@ class Response:
         if self.clock.first_audio_at is None:
             return 0.0
         return min(sent_ms, (time.monotonic() - self.clock.first_audio_at) * 1000.0)
+
+    def playback_left_ms(self) -> float:
+        """Audio sent but (by the real-time estimate) not yet played by the client."""
+        return self.audio_sent_samples * 1000.0 / WIRE_RATE - self.heard_ms()
 
     # ---- producers --------------------------------------------------------------------
 

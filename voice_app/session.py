@@ -85,6 +85,7 @@ class Session:
         self._turn: UserTurn | None = None
         self._speculation: Response | None = None
         self._active: Response | None = None
+        self._playing: Response | None = None  # finished sending, maybe still playing at the client
         self._responses: set[Response] = set()  # every response not yet stopped, for close()
         self._tasks: set[asyncio.Task] = set()
         self.closed = False
@@ -450,15 +451,35 @@ class Session:
         response.adopt(self._send, self._on_response_finished, clock)
 
     async def _check_barge_in(self) -> None:
-        turn, active = self._turn, self._active
-        if turn is None or active is None or turn.barged_in or not self.interrupt_response:
+        turn = self._turn
+        if turn is None or turn.barged_in or not self.interrupt_response:
             return
-        if self._detector.speech_ms() < self.settings.barge_in_min_speech_ms:
+        playing = self._playing if self._playing is not None and self._playing.playback_left_ms() > 0 else None
+        target = self._active or playing
+        if target is None or self._detector.speech_ms() < self.settings.barge_in_min_speech_ms:
             return
         turn.barged_in = True
-        active.clock.speech_started_at = turn.started_at
+        target.clock.speech_started_at = turn.started_at
         self.metrics.barge_ins_total.inc()
-        await self._interrupt(active, reason="turn_detected", send_cleared=True)
+        if target is self._active:
+            await self._interrupt(target, reason="turn_detected", send_cleared=True)
+        else:
+            await self._cut_playback(target)
+
+    async def _cut_playback(self, response: Response) -> None:
+        """Barge-in after the response was fully sent but while the client still plays it: the
+        client drops its queue, and the history keeps only what was heard."""
+        self._playing = None
+        await self._send(p.server_event("output_audio_buffer.cleared", response_id=response.id))
+        response.clock.cleared_at = time.monotonic()
+        heard_ms = response.heard_ms()
+        response.item.text = response.item.text_heard_until(heard_ms)
+        response.item.status = "incomplete"
+        log.info("session %s: playback of %s cut after %.0f ms: %r", self.id, response.id, heard_ms,
+                 response.item.text)
+        await self._send(p.server_event("conversation.item.truncated", item_id=response.item.id,
+                                        content_index=0, audio_end_ms=int(heard_ms)))
+        await self._report_turn_metrics(response)
 
     async def _interrupt(self, response: Response, reason: str, send_cleared: bool) -> None:
         """Cuts a response off: tell the client to drop queued audio first, then stop the work,
@@ -483,6 +504,7 @@ class Session:
     async def _on_response_finished(self, response: Response) -> None:
         if response.status == "completed":
             response.item.text, response.item.status = response.spoken_text, "completed"
+            self._playing = response if response.audio_out else None
         else:
             response.item.status = "incomplete"
         await self._end_response(response, response.status)
@@ -519,16 +541,19 @@ class Session:
             "tokens_per_forward": round(stats.tokens_per_forward, 3) if stats else None,
             "forward_passes": stats.forward_passes if stats else None,
         }
-        for key, histogram in (("speech_stopped_to_transcript_ms", self.metrics.transcript_ms),
-                               ("speech_stopped_to_first_draft_ms", self.metrics.first_draft_ms),
-                               ("speech_stopped_to_first_audio_ms", self.metrics.first_audio_ms),
-                               ("barge_in_to_cleared_ms", self.metrics.barge_in_ms)):
+        observed = [("barge_in_to_cleared_ms", self.metrics.barge_in_ms)]
+        if not response.metrics_reported:  # a barge-in during playback reports the turn a second time
+            observed += [("speech_stopped_to_transcript_ms", self.metrics.transcript_ms),
+                         ("speech_stopped_to_first_draft_ms", self.metrics.first_draft_ms),
+                         ("speech_stopped_to_first_audio_ms", self.metrics.first_audio_ms)]
+            if stats is not None and stats.forward_passes:
+                self.metrics.tokens_per_forward.observe(stats.tokens_per_forward)
+            if clock.speech_stopped_at is not None:
+                self.metrics.turns_total.inc()
+        for key, histogram in observed:
             if report[key] is not None:
                 histogram.observe(report[key])
-        if stats is not None and stats.forward_passes:
-            self.metrics.tokens_per_forward.observe(stats.tokens_per_forward)
-        if clock.speech_stopped_at is not None:
-            self.metrics.turns_total.inc()
+        response.metrics_reported = True
         log.info("session %s turn metrics: %s", self.id, report)
         await self._send(p.server_event("x_turn.metrics", **report))
 

@@ -34,3 +34,27 @@ def speech_models():
     yield {"transcriber": transcriber, "synthesizer": synthesizer, "vad": SileroVad()}
     transcriber.close()
     synthesizer.close()
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The real engine, the model and mode the settings name (VOICE_APP_ENGINE_MODEL / _MODE)."""
+    from dllm_engine.engine import Engine
+    from voice_app.settings import Settings
+
+    loaded = Engine.load(Settings().engine_model)
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="session")
+def voice_server(engine, speech_models):
+    """A real voice server on a free port, sharing the session's models."""
+    from voice_app.loaded_models import LoadedModels
+    from voice_app.server import BackgroundServer
+    from voice_app.settings import Settings
+
+    models = LoadedModels(engine, speech_models["transcriber"], speech_models["synthesizer"], speech_models["vad"])
+    server = BackgroundServer(Settings(port=0, max_sessions=3, web_dir=str(ROOT / "web")), models).start()
+    yield server
+    server.stop()
