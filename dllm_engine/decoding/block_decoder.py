@@ -1,0 +1,227 @@
+"""Block-by-block drafting for one request.
+
+`BlockCausalDecoder` serves block-causal models (SDAR, Fast-dLLM v2, our default) and the
+autoregressive mode of every model (block size 1, adapter off). The KV cache is exact:
+denoising steps never keep their keys and values; once a block is fully committed, the next
+step writes it to the cache with the model's clean attention and, in the same packed pass,
+starts denoising the following block against it.
+
+`FullAttentionDecoder` serves bidirectional models (LLaDA, Dream): semi-autoregressive blocks
+with a dual cache refreshed by one full pass at every block start.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dllm_engine.decoding.plan import StepPlan, Target
+from dllm_engine.models.transformer import KVCache, Segment
+
+
+class BlockDecoderBase:
+    """What both decoders share: the block, its commits, EOS and length bookkeeping."""
+
+    def __init__(self, prompt_ids: list[int], cache: KVCache, block_size: int, max_new_tokens: int,
+                 mask_id: int, eos_ids: set[int], shift: bool, stop_at_eos: bool):
+        self.prompt_ids = prompt_ids
+        self.cache = cache
+        self.block_size = block_size
+        self.max_new_tokens = max_new_tokens
+        self.mask_id = mask_id
+        self.eos_ids = eos_ids if stop_at_eos else set()
+        self.shift = shift
+        self.reply: list[int] = []  # tokens of finished blocks (final)
+        self.block: list[int] = []
+        self.guesses: list[int] = []  # best current guess for every block position
+        self.finish_reason: str | None = None
+        self.steps_in_block = 0
+
+    # ---- views ------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def settled_ids(self) -> list[int]:
+        """Reply tokens that are final: finished blocks, then the block up to its first mask."""
+        ids = list(self.reply)
+        for token in self.block:
+            if token == self.mask_id or token in self.eos_ids:
+                break
+            ids.append(token)
+        return ids
+
+    def draft_ids(self) -> list[int]:
+        ids = list(self.reply)
+        for token, guess in zip(self.block, self.guesses):
+            chosen = guess if token == self.mask_id else token
+            if chosen in self.eos_ids:
+                break
+            if chosen != self.mask_id:  # no guess yet for this position
+                ids.append(chosen)
+        return ids
+
+    def masked_positions(self) -> list[int]:
+        """Positions still to commit: masked ones before the first committed EOS."""
+        needed = []
+        for position, token in enumerate(self.block):
+            if token in self.eos_ids:
+                break
+            if token == self.mask_id:
+                needed.append(position)
+        return needed
+
+    def masked_count(self) -> int:
+        return len(self.masked_positions())
+
+    def tokens_left(self) -> int:
+        return self.max_new_tokens - len(self.reply) - (len(self.block) - self.masked_count())
+
+    # ---- commits ------------------------------------------------------------------------
+    def _new_block(self) -> bool:
+        size = min(self.block_size, self.max_new_tokens - len(self.reply))
+        if size <= 0:
+            self.finish_reason = "length"
+            return False
+        self.block = [self.mask_id] * size
+        self.guesses = [self.mask_id] * size
+        self.steps_in_block = 0
+        return True
+
+    def apply(self, plan: StepPlan, tokens: Tensor, confidence: Tensor, policy, threshold: float | None) -> int:
+        """Commit from this step's predictions (one per plan target); returns tokens committed."""
+        self.steps_in_block += 1
+        free = []
+        committed = 0
+        for index, target in enumerate(plan.targets):
+            self.guesses[target.position] = int(tokens[index])
+            if target.forced:
+                self.block[target.position] = int(tokens[index])
+                committed += 1
+            else:
+                free.append(index)
+        if free and not (committed and self._eos_closed()):
+            chosen = policy.select(confidence[free].clone(), self._steps_left(policy), threshold)
+            for pick, index in zip(chosen.tolist(), free):
+                if pick:
+                    self.block[plan.targets[index].position] = int(tokens[index])
+                    committed += 1
+        self._after_commit()
+        return committed
+
+    def _steps_left(self, policy) -> int | None:
+        total = getattr(policy, "steps_per_block", None)
+        return None if total is None else max(1, total - self.steps_in_block + 1)
+
+    def _eos_closed(self) -> bool:
+        return bool(self.block) and self.masked_count() == 0 and any(t in self.eos_ids for t in self.block)
+
+    def _block_outcome(self) -> str | None:
+        """'eos' when the reply ends in this block, 'full' when the block is done, else None."""
+        if self.masked_count():
+            return None
+        return "eos" if any(t in self.eos_ids for t in self.block) else "full"
+
+    def _after_commit(self) -> None:
+        raise NotImplementedError
+
+    def plan(self) -> StepPlan:
+        raise NotImplementedError
+
+
+class BlockCausalDecoder(BlockDecoderBase):
+    def __init__(self, *args, adapter: bool, bidirectional_clean_blocks: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.adapter = adapter
+        self.bidirectional_clean_blocks = bidirectional_clean_blocks
+        self.written = 0  # cache positions [0, written) hold final keys and values
+        self.unwritten: list[int] = list(self.prompt_ids)  # to be written by the next step
+        self._new_block()
+
+    def plan(self) -> StepPlan:
+        plan = StepPlan()
+        start = self.written
+        if self.unwritten:
+            plan.segments.append(self._write_segment(start))
+            start += len(self.unwritten)
+            if self.shift and self.block[0] == self.mask_id:  # the AR prediction of the block's first token
+                plan.targets.append(Target(0, len(self.unwritten) - 1, 0, forced=True))
+        needed = [p for p in self.masked_positions() if not (self.shift and p == 0)]
+        if needed:
+            tokens = torch.tensor(self.block)
+            plan.segments.append(Segment(tokens, start, self.cache, start + len(self.block), "full", adapter=self.adapter))
+            segment = len(plan.segments) - 1
+            plan.targets.extend(Target(segment, p - 1 if self.shift else p, p) for p in needed)
+        return plan
+
+    def _write_segment(self, start: int) -> Segment:
+        tokens = torch.tensor(self.unwritten)
+        end = start + len(self.unwritten)
+        if not self.bidirectional_clean_blocks:
+            return Segment(tokens, start, self.cache, end, "causal")
+        if start == 0:  # the prompt, in blocks counted from its first token
+            return Segment(tokens, 0, self.cache, end, "blocks", block_size=self.block_size)
+        return Segment(tokens, start, self.cache, end, "full")
+
+    def apply(self, plan: StepPlan, tokens: Tensor, confidence: Tensor, policy, threshold: float | None) -> int:
+        if self.unwritten:  # this step's pass wrote them
+            self.written += len(self.unwritten)
+            self.unwritten = []
+        return super().apply(plan, tokens, confidence, policy, threshold)
+
+    def _after_commit(self) -> None:
+        outcome = self._block_outcome()
+        if outcome == "eos":
+            end = next(i for i, t in enumerate(self.block) if t in self.eos_ids)
+            self.reply.extend(self.block[:end])
+            self.block, self.guesses = [], []
+            self.finish_reason = "stop"
+        elif outcome == "full":
+            self.reply.extend(self.block)
+            self.unwritten = list(self.block)
+            self.block, self.guesses = [], []
+            self._new_block()
+
+
+class FullAttentionDecoder(BlockDecoderBase):
+    """LLaDA / Dream: the whole reply is masked from the start; blocks settle left to right."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.total = len(self.prompt_ids) + self.max_new_tokens
+        self.block_start = len(self.prompt_ids)
+        self.refresh = True  # the next step recomputes the whole sequence's cache
+        self._new_block()
+
+    def _sequence(self) -> list[int]:
+        tail = self.max_new_tokens - len(self.reply) - len(self.block)
+        return self.prompt_ids + self.reply + self.block + [self.mask_id] * tail
+
+    def plan(self) -> StepPlan:
+        needed = self.masked_positions()
+        offset = 1 if self.shift else 0
+        if self.refresh:
+            segment = Segment(torch.tensor(self._sequence()), 0, self.cache, self.total, "full")
+            rows = [self.block_start + p - offset for p in needed]
+        else:
+            window = self.block_start - offset
+            tokens = torch.tensor(self._sequence()[window:self.block_start + len(self.block)])
+            segment = Segment(tokens, window, self.cache, self.total, "full")
+            rows = needed
+        return StepPlan([segment], [Target(0, row, p) for row, p in zip(rows, needed)])
+
+    def _after_commit(self) -> None:
+        self.refresh = False
+        eos_at = next((i for i, t in enumerate(self.block) if t in self.eos_ids), None)
+        if eos_at is not None:  # once EOS is committed, the tail is EOS
+            self.block[eos_at:] = [self.block[eos_at]] * (len(self.block) - eos_at)
+        outcome = self._block_outcome()
+        if outcome == "eos":
+            self.reply.extend(self.block[:eos_at])
+            self.block, self.guesses = [], []
+            self.finish_reason = "stop"
+        elif outcome == "full":
+            self.reply.extend(self.block)
+            self.block_start += len(self.block)
+            self.block, self.guesses = [], []
+            self.refresh = self._new_block()

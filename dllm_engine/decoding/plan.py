@@ -1,0 +1,22 @@
+"""A step plan: the segments one request adds to the next packed forward pass, and which
+rows of them predict which positions of the block being drafted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dllm_engine.models.transformer import Segment
+
+
+@dataclass(frozen=True)
+class Target:
+    segment: int  # index into StepPlan.segments
+    row: int  # row inside that segment whose logits predict...
+    position: int  # ...this position of the current block
+    forced: bool = False  # commit whatever the confidence (an exact autoregressive prediction)
+
+
+@dataclass
+class StepPlan:
+    segments: list[Segment] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)

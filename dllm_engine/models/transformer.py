@@ -1,0 +1,195 @@
+"""The decoder stack every family shares, with two ways to run it:
+
+- `forward_segments`: the engine's path. Tokens of many requests are packed into one
+  [N, hidden] batch so every matmul is shared; attention runs per request against that
+  request's own KV cache (a `Segment` says where its tokens sit and what they may see).
+- `forward_dense`: a padded [batch, seq] pass with an explicit 4D mask, for training and
+  for comparing against reference implementations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dllm_engine.models.config import ModelConfig
+from dllm_engine.models.layers import MLP, LoRA, Projection, RMSNorm, RotaryEmbedding, apply_rotary
+
+
+class KVCache:
+    """One request's keys and values for every layer, preallocated to its maximum length."""
+
+    def __init__(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        shape = (config.num_layers, config.num_kv_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    @property
+    def num_bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+@dataclass
+class Segment:
+    """A run of one request's tokens in a packed forward pass.
+
+    The tokens sit at positions start .. start+len-1; their keys and values are written to
+    the cache there, and they attend to cache positions [0, attend_len) under `visibility`:
+      full    every one of those positions (a bidirectional block, a dual cache)
+      causal  only positions <= their own (prefill and cache writes of AR-style models)
+      blocks  causal across blocks of `block_size` counted from `start`, bidirectional inside
+    `adapter` turns the model's adapter on for these tokens.
+    """
+
+    tokens: Tensor
+    start: int
+    cache: KVCache
+    attend_len: int
+    visibility: str = "causal"
+    adapter: bool = False
+    block_size: int = 1
+
+    def __post_init__(self) -> None:
+        end = self.start + self.tokens.numel()
+        if end > self.cache.max_len or self.attend_len > self.cache.max_len:
+            raise ValueError(f"segment ends at {max(end, self.attend_len)}, past its cache of {self.cache.max_len}")
+        if self.visibility not in ("full", "causal", "blocks"):
+            raise ValueError(f"visibility must be full|causal|blocks, got {self.visibility!r}")
+        if self.attend_len < end:
+            raise ValueError(f"a segment must see its own tokens: attend_len {self.attend_len} < end {end}")
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        q_width, kv_width = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.split = (q_width, kv_width, kv_width)
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.qkv = Projection(config.hidden_size, sum(self.split), bias=config.qkv_bias)
+        self.o_proj = Projection(q_width, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+
+    def project_qkv(self, x: Tensor, cos: Tensor, sin: Tensor, gate: Tensor | None):
+        q, k, v = self.qkv(self.attn_norm(x), gate).split(self.split, dim=-1)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))
+        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def finish(self, x: Tensor, attn_out: Tensor, gate: Tensor | None) -> Tensor:
+        x = x + self.o_proj(attn_out, gate)
+        return x + self.mlp(self.mlp_norm(x), gate)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
+        self.mask_embedding = (
+            nn.Parameter(torch.zeros(config.hidden_size)) if config.learned_mask_embedding else None
+        )
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        self.has_adapter = False
+
+    # ---- pieces -------------------------------------------------------------------------
+    @property
+    def output_weight(self) -> Tensor:
+        return self.embed_tokens if self.lm_head is None else self.lm_head
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        if self.mask_embedding is None:
+            return F.embedding(tokens, self.embed_tokens)
+        is_mask = tokens == self.config.mask_token_id
+        x = F.embedding(tokens.masked_fill(is_mask, 0), self.embed_tokens)
+        return torch.where(is_mask.unsqueeze(-1), self.mask_embedding.to(x.dtype), x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Output head on already-normed hidden states (only the rows the caller needs)."""
+        return F.linear(hidden, self.output_weight)
+
+    def add_adapter(self, rank: int, alpha: float) -> None:
+        """Attach zero-initialised LoRA modules to every projection (the base stays frozen)."""
+        for layer in self.layers:
+            for proj in (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down):
+                proj.lora = LoRA(proj.weight.shape[1], proj.weight.shape[0], rank, alpha).to(proj.weight.dtype)
+        self.has_adapter = True
+
+    # ---- the engine's packed pass -------------------------------------------------------
+    def forward_segments(self, segments: list[Segment]) -> Tensor:
+        """Run packed segments; returns final-normed hidden states [N, hidden] in order."""
+        tokens = torch.cat([s.tokens for s in segments])
+        positions = torch.cat([torch.arange(s.start, s.start + s.tokens.numel()) for s in segments])
+        gate = None
+        if self.has_adapter and any(s.adapter for s in segments):
+            gate = torch.cat([torch.full((s.tokens.numel(),), s.adapter, dtype=torch.bool) for s in segments])
+        x = self.embed(tokens)
+        cos, sin = self.rope.tables(positions, x.dtype)
+        masks = [_visibility_mask(s) for s in segments]
+        for index, layer in enumerate(self.layers):
+            q, k, v = layer.project_qkv(x, cos, sin, gate)
+            outputs, offset = [], 0
+            for segment, mask in zip(segments, masks):
+                n = segment.tokens.numel()
+                outputs.append(_attend_cached(index, segment, mask, q[offset:offset + n], k[offset:offset + n], v[offset:offset + n]))
+                offset += n
+            attn = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+            x = layer.finish(x, attn, gate)
+        return self.final_norm(x)
+
+    # ---- dense pass (training, reference checks) -----------------------------------------
+    def forward_dense(
+        self,
+        tokens: Tensor,
+        attn_mask: Tensor | None,
+        positions: Tensor | None = None,
+        adapter_gate: Tensor | None = None,
+    ) -> Tensor:
+        """tokens [B, T]; attn_mask bool [B or 1, 1, T, T] (True = may attend) or None for full
+        attention; returns final-normed hidden [B, T, hidden]."""
+        batch, length = tokens.shape
+        if positions is None:
+            positions = torch.arange(length).expand(batch, length)
+        x = self.embed(tokens)
+        cos, sin = self.rope.tables(positions, x.dtype)
+        for layer in self.layers:
+            q, k, v = layer.project_qkv(x, cos, sin, adapter_gate)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, enable_gqa=True
+            )
+            x = layer.finish(x, out.transpose(1, 2).flatten(2), adapter_gate)
+        return self.final_norm(x)
+
+
+def _visibility_mask(segment: Segment) -> Tensor | None:
+    """Bool [queries, keys] (True = may attend), or None when every key is visible."""
+    if segment.visibility == "full":
+        return None
+    n, start = segment.tokens.numel(), segment.start
+    query_pos = torch.arange(start, start + n).unsqueeze(1)
+    if segment.visibility == "blocks":  # a query sees up to the end of its own block
+        query_pos = start + ((query_pos - start) // segment.block_size + 1) * segment.block_size - 1
+    return torch.arange(segment.attend_len).unsqueeze(0) <= query_pos
+
+
+def _attend_cached(layer: int, segment: Segment, mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    cache, start, n = segment.cache, segment.start, segment.tokens.numel()
+    cache.k[layer, :, start:start + n] = k.transpose(0, 1)
+    cache.v[layer, :, start:start + n] = v.transpose(0, 1)
+    keys = cache.k[layer, :, : segment.attend_len].unsqueeze(0)
+    values = cache.v[layer, :, : segment.attend_len].unsqueeze(0)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask, enable_gqa=True)
+    return out[0].transpose(0, 1).flatten(1)
