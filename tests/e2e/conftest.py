@@ -24,6 +24,7 @@ import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
 QUESTION = "What is the capital of France?"
+LONG_ANSWER_REQUEST = "Please count from one to twenty."
 FAKE_MIC_RATE = 48000
 LEAD_IN_S = 0.5
 # Longer than the server's end-of-turn silence (500 ms) with room for the test to press
@@ -64,6 +65,12 @@ def speak_to_wav(text: str, path: Path) -> Path:
 @pytest.fixture(scope="session")
 def question_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return speak_to_wav(QUESTION, tmp_path_factory.mktemp("fake_mic") / "question.wav")
+
+
+@pytest.fixture(scope="session")
+def long_answer_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A request whose spoken answer lasts long enough to be talked over."""
+    return speak_to_wav(LONG_ANSWER_REQUEST, tmp_path_factory.mktemp("fake_mic") / "long_answer.wav")
 
 
 def free_port() -> int:
@@ -118,14 +125,10 @@ def voice_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.
     port = free_port()
     log_path = tmp_path_factory.mktemp("voice_server") / "serve.log"
     pytestconfig.stash[SERVER_LOG_KEY] = log_path
-    env = dict(os.environ)
-    # Replies long enough to still be playing when the barge-in test talks over them.
-    env.setdefault("VOICE_APP_INSTRUCTIONS", "You are a friendly voice assistant. Your words are spoken "
-                   "aloud. Answer in three or four plain sentences, with no lists or markdown.")
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             [*voice_app_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
         )
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -141,17 +144,25 @@ def voice_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.
 
 
 @pytest.fixture(scope="session")
-def browser(chromium_path: Path, question_wav: Path):
+def launch_browser(chromium_path: Path):
+    """Launches chromium with its fake microphone looping a given WAV; one browser per file."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(chromium_path),
-            args=[
-                "--use-fake-ui-for-media-stream",
-                "--use-fake-device-for-media-stream",
-                f"--use-file-for-fake-audio-capture={question_wav}",
-            ],
-        )
-        yield browser
-        browser.close()
+        browsers = {}
+
+        def launch(fake_mic_wav: Path):
+            if fake_mic_wav not in browsers:
+                browsers[fake_mic_wav] = playwright.chromium.launch(
+                    executable_path=str(chromium_path),
+                    args=[
+                        "--use-fake-ui-for-media-stream",
+                        "--use-fake-device-for-media-stream",
+                        f"--use-file-for-fake-audio-capture={fake_mic_wav}",
+                    ],
+                )
+            return browsers[fake_mic_wav]
+
+        yield launch
+        for browser in browsers.values():
+            browser.close()

@@ -25,13 +25,13 @@ UPDATE_SCREENSHOTS = os.environ.get("UPDATE_SCREENSHOTS") == "1"
 
 
 @pytest.fixture
-def open_page(browser, voice_server: str) -> Iterator:
+def open_page(launch_browser, voice_server: str, question_wav: Path) -> Iterator:
     """Opens the page in a fresh browser context (a fresh server session) per call."""
     contexts = []
     page_errors: list[str] = []
 
-    def open_at(width: int = 1000, height: int = 760):
-        context = browser.new_context(viewport={"width": width, "height": height})
+    def open_at(width: int = 1000, height: int = 760, fake_mic_wav: Path = question_wav):
+        context = launch_browser(fake_mic_wav).new_context(viewport={"width": width, "height": height})
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda error: page_errors.append(str(error)))
@@ -121,8 +121,8 @@ def test_spoken_question_is_transcribed_and_answered_aloud(open_page) -> None:
         page.screenshot(path=str(SCREENSHOT_DIR / "screenshot.png"))
 
 
-def test_talking_over_the_reply_clears_playback_and_marks_it_interrupted(open_page) -> None:
-    page = open_page()
+def test_talking_over_the_reply_clears_playback_and_marks_it_interrupted(open_page, long_answer_wav: Path) -> None:
+    page = open_page(fake_mic_wav=long_answer_wav)
     ask_spoken_question(page)
     wait_for_reply_audio(page)
 
