@@ -62,6 +62,7 @@ class Response:
         self.last_update: Any = None
         self.spoken_text = ""  # text of every sentence handed to the client so far
         self.metrics_reported = False
+        self._draft_queued = False
         self.audio_sent_samples = 0
         self._synthesizer = synthesizer
         self._speculative_tts = speculative_tts
@@ -129,7 +130,9 @@ class Response:
             self.last_update = update
             if update.draft_text and self.adopted and self.clock.first_draft_at is None:
                 self.clock.first_draft_at = time.monotonic()
-            self._outbox.put_nowait(("draft", update))
+            if not self._draft_queued:  # a slow reader gets the newest draft, not every one
+                self._draft_queued = True
+                self._outbox.put_nowait(("draft", None))
             if update.finish_reason == "error":
                 self._outbox.put_nowait(("failed", update.error or "engine error"))
                 break
@@ -167,7 +170,8 @@ class Response:
             while True:
                 kind, payload = await self._outbox.get()
                 if kind == "draft":
-                    await self._send_draft(payload)
+                    self._draft_queued = False
+                    await self._send_draft(self.last_update)
                 elif kind == "audio":
                     await self._send_sentence_audio(ids, *payload)
                 elif kind == "text":

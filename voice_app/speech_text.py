@@ -72,14 +72,29 @@ def split_settled_sentences(text: str, final: bool) -> tuple[list[str], str]:
     return sentences, rest
 
 
-class SentenceSettler:
-    """Feeds growing settled text (each call the whole text so far); returns new sentences once."""
+_CLAUSE_BREAK = re.compile(r"[,;:]\s+(?=\S)")
 
-    def __init__(self) -> None:
+
+class SentenceSettler:
+    """Feeds growing settled text (each call the whole text so far); returns new sentences once.
+
+    The very first piece may be a clause (up to a comma, semicolon or colon, at least
+    `first_clause_words` words): the listener hears something sooner when the first sentence
+    is long, and a clause boundary is a natural place for a breath.
+    """
+
+    def __init__(self, first_clause_words: int = 4) -> None:
         self._consumed = 0  # chars of the settled text already handed out as sentences
+        self._first_clause_words = first_clause_words
 
     def feed(self, settled_text: str, final: bool) -> list[str]:
         pending = settled_text[self._consumed :]
         sentences, rest = split_settled_sentences(pending, final)
+        if not sentences and self._consumed == 0 and self._first_clause_words:
+            for match in _CLAUSE_BREAK.finditer(rest):
+                clause = rest[: match.start() + 1].strip()
+                if len(clause.split()) >= self._first_clause_words:
+                    sentences, rest = [clause], rest[match.end() :]
+                    break
         self._consumed = len(settled_text) - len(rest)
         return sentences

@@ -39,6 +39,13 @@ def test_sentences_settle_only_when_followed_by_more_text():
     assert settler.feed("One. Two! Three", True) == []
 
 
+def test_a_long_first_sentence_is_spoken_from_its_first_clause():
+    settler = SentenceSettler(first_clause_words=4)
+    assert settler.feed("Well, the capital", False) == []  # too short a clause to stand alone
+    assert settler.feed("Well, the capital of France, as you know", False) == ["Well, the capital of France,"]
+    assert settler.feed("Well, the capital of France, as you know, is Paris. It", False) == ["as you know, is Paris."]
+
+
 def test_local_agreement_commits_words_two_hypotheses_share():
     agreement = LocalAgreement()
     assert (p := agreement.update("What is")).stable == "" and p.unstable == "What is"
