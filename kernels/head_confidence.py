@@ -13,9 +13,16 @@ import torch
 
 from kernels.dispatch import Backend, resolve_backend
 
-# Vocabulary rows per chunk in the reference: keeps the [N, chunk] logits small (N <= 64,
-# 8192 columns is 2 MiB in fp32) while each matmul stays large enough to run at full speed.
-REFERENCE_VOCAB_CHUNK = 8192
+# The reference's [N, chunk] fp32 logits stay within this many bytes. As few chunks as that
+# allows: each chunk is ~10 torch ops, and on a CPU shared with ASR/TTS every op's thread
+# barrier costs (8192-row chunks were 2-3x slower than one chunk under load; docs/kernels.md).
+REFERENCE_LOGITS_BYTES = 8 << 20
+MIN_VOCAB_CHUNK = 8192
+
+
+def reference_vocab_chunk(rows: int) -> int:
+    """Vocabulary rows per reference chunk for `rows` hidden states."""
+    return max(MIN_VOCAB_CHUNK, REFERENCE_LOGITS_BYTES // (4 * max(rows, 1)))
 
 
 def check_inputs(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> None:
@@ -43,12 +50,13 @@ def check_inputs(hidden: torch.Tensor, weight: torch.Tensor, temperature: float)
 
 def reference(
     hidden: torch.Tensor, weight: torch.Tensor, temperature: float = 1.0,
-    vocab_chunk: int = REFERENCE_VOCAB_CHUNK,
+    vocab_chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Plain torch, chunked over the vocabulary. Logits are computed in the inputs' dtype (a
     bf16 head rounds logits to bf16, as the model's own head would) and reduced in fp32."""
     check_inputs(hidden, weight, temperature)
     rows = hidden.shape[0]
+    vocab_chunk = vocab_chunk or reference_vocab_chunk(rows)
     device = hidden.device
     best_logit = torch.full((rows,), float("-inf"), dtype=torch.float32, device=device)
     best_token = torch.zeros(rows, dtype=torch.int64, device=device)

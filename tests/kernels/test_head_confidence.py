@@ -116,3 +116,13 @@ def test_sharper_temperature_raises_confidence():
 def test_bad_inputs_name_the_problem(hidden, weight, temperature, message):
     with pytest.raises(ValueError, match=message):
         confidence_head(hidden, weight, temperature)
+
+
+@pytest.mark.parametrize("vocab_chunk", [1, 100, 999])
+def test_reference_chunking_does_not_change_results(vocab_chunk):
+    hidden, weight = torch.randn(5, 24) * 2, torch.randn(1000, 24)
+    token, prob, entropy = reference(hidden, weight, 0.9, vocab_chunk=vocab_chunk)
+    oracle_token, oracle_prob, oracle_entropy = full_softmax_oracle(hidden, weight, 0.9)
+    assert torch.equal(token, oracle_token)
+    torch.testing.assert_close(prob.double(), oracle_prob, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(entropy.double(), oracle_entropy, rtol=1e-4, atol=1e-5)
