@@ -144,3 +144,50 @@ async def test_close_mid_response_leaves_no_engine_or_tts_work(speech_models):
     sent = len(log.events)
     await asyncio.sleep(0.3)
     assert len(log.events) == sent, "nothing is sent after close"
+
+
+async def test_manual_turns_without_vad(speech_models, test_audio):
+    engine = ScriptedEngine()
+    session, log = make_session(speech_models, engine)
+    await session.handle_text(json.dumps({"type": "session.update", "session": {
+        "type": "realtime", "audio": {"input": {"turn_detection": None}}}}))
+    updated = await log.wait_for(lambda e: e["type"] == "session.updated")
+    assert updated["session"]["audio"]["input"]["turn_detection"] is None
+    await session.handle_text(json.dumps({"type": "input_audio_buffer.commit"}))
+    error = await log.wait_for(lambda e: e["type"] == "error")
+    assert error["error"]["code"] == "input_audio_buffer_commit_empty"
+
+    await stream_audio(session.push_pcm16, np.concatenate([test_audio["greeting"], silence(1.0)]), realtime=False)
+    assert not log.of_type("input_audio_buffer.speech_started"), "no VAD turns when turned off"
+    await session.handle_text(json.dumps({"type": "input_audio_buffer.commit"}))
+    done = await log.wait_for(lambda e: e["type"] == "response.done")
+    transcript = log.of_type("conversation.item.input_audio_transcription.completed")[0]["transcript"]
+    assert "how are you" in transcript.lower() and done["response"]["status"] == "completed"
+
+    await stream_audio(session.push_pcm16, test_audio["question"], realtime=False)
+    await session.handle_text(json.dumps({"type": "input_audio_buffer.clear"}))
+    await log.wait_for(lambda e: e["type"] == "input_audio_buffer.cleared")
+    await session.handle_text(json.dumps({"type": "input_audio_buffer.commit"}))
+    assert log.events[-1]["type"] == "error", "the cleared buffer holds nothing to commit"
+    await session.close()
+
+
+async def test_response_lifecycle_errors(speech_models):
+    engine = ScriptedEngine(reply=lambda m: "Counting slowly now. " * 20, step_s=0.05)
+    session, log = make_session(speech_models, engine)
+    await session.handle_text(json.dumps({"type": "response.cancel"}))
+    assert log.events[-1]["error"]["code"] == "response_cancel_not_active"
+    await session.handle_text(json.dumps({"type": "conversation.item.truncate", "item_id": "nope",
+                                          "content_index": 0, "audio_end_ms": 10}))
+    assert log.events[-1]["error"]["param"] == "item_id"
+    await session.handle_text(json.dumps({"type": "response.create"}))
+    created = await log.wait_for(lambda e: e["type"] == "response.created")
+    await session.handle_text(json.dumps({"type": "response.create", "event_id": "evt_7"}))
+    error = log.of_type("error")[-1]
+    assert error["error"]["code"] == "conversation_already_has_active_response"
+    assert error["error"]["event_id"] == "evt_7"
+    await session.handle_text(json.dumps({"type": "response.cancel", "response_id": created["response"]["id"]}))
+    done = await log.wait_for(lambda e: e["type"] == "response.done")
+    assert done["response"]["status"] == "cancelled"
+    assert not log.of_type("output_audio_buffer.cleared"), "response.cancel alone does not clear"
+    await session.close()
