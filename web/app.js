@@ -343,8 +343,10 @@ class VoicePage {
     if (cancelResponse && wasInFlight) this.connection.send({ type: "response.cancel" });
     const cleared = await this.audio.clear();
     const cutShort = wasInFlight || cleared.droppedSamples > 0;
-    for (const item of cleared.items) this.truncate(item.itemId, item.playedSamples);
-    if (!cutShort) return;
+    if (!cutShort) return; // it had been heard in full: nothing to take back
+    for (const item of cleared.items) {
+      if (item.itemId === reply.itemId) this.truncate(item.itemId, item.playedSamples);
+    }
     reply.interrupted = true;
     voiceStats.interruptions += 1;
     this.playing = false;

@@ -68,13 +68,13 @@ class PlaybackProcessor extends AudioWorkletProcessor {
 
   clear(requestId) {
     const head = Math.floor(this.readPosition);
-    const items = this.items
-      .filter((item) => item.end > head)
-      .map((item) => ({
-        itemId: item.itemId,
-        playedSamples: Math.max(0, Math.min(head, item.end) - item.start),
-        receivedSamples: item.end - item.start,
-      }));
+    // Every item still tracked, including one wholly played while its reply is still being
+    // generated (an underrun): the page truncates the reply to what was heard either way.
+    const items = this.items.map((item) => ({
+      itemId: item.itemId,
+      playedSamples: Math.max(0, Math.min(head, item.end) - item.start),
+      receivedSamples: item.end - item.start,
+    }));
     const queued = this.written - head;
     // Keep only what the fade-out needs; everything else is dropped right now.
     if (this.isPlaying()) {
