@@ -25,12 +25,11 @@ from voice_app.audio.pcm import (ASR_RATE, WIRE_RATE, AudioFormatError, StreamRe
 from voice_app.audio.vad import TurnDetector, TurnEvent, TurnRules
 from voice_app.conversation import ContextTooLong, Conversation, ConversationItem, fit_to_context, new_id
 from voice_app.metrics import VoiceMetrics
-from voice_app.response import Response, TurnClock
+from voice_app.response import Response, Send, TurnClock
 from voice_app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 MAX_UTTERANCE_S = 30  # a turn this long is committed even if the speaker goes on
 REUSE_MARGIN_SAMPLES = ASR_RATE // 10  # a transcript reaches 100 ms past the last speech: reusable
 FINAL_TAIL_SAMPLES = ASR_RATE // 5  # trailing silence Whisper gets after the last speech

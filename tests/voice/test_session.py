@@ -50,7 +50,8 @@ async def test_spoken_question_gets_transcript_and_spoken_answer(speech_models, 
 
 async def test_a_pause_starts_a_speculative_draft_before_the_turn_ends(speech_models, test_audio):
     engine = ScriptedEngine()
-    session, log = make_session(speech_models, engine)
+    # a long end-of-turn silence leaves the pause's decode ample time even on a loaded machine
+    session, log = make_session(speech_models, engine, silence_duration_ms=1500)
     submitted_at_stop: list[int] = []
     original_send = log.send
 
@@ -60,7 +61,7 @@ async def test_a_pause_starts_a_speculative_draft_before_the_turn_ends(speech_mo
         await original_send(event)
 
     session._send_raw = send
-    await stream_audio(session.push_pcm16, np.concatenate([test_audio["question"], silence(1.0)]))
+    await stream_audio(session.push_pcm16, np.concatenate([test_audio["question"], silence(2.0)]))
     await log.wait_for(lambda e: e["type"] == "response.done")
     assert submitted_at_stop[0] >= 1, "a draft was submitted while the user was still in the turn"
     transcript = log.of_type("conversation.item.input_audio_transcription.completed")[0]["transcript"]
