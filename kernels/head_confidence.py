@@ -16,7 +16,7 @@ from kernels.dispatch import Backend, resolve_backend
 # The reference's [N, chunk] fp32 logits stay within this many bytes. As few chunks as that
 # allows: each chunk is ~10 torch ops, and on a CPU shared with ASR/TTS every op's thread
 # barrier costs (8192-row chunks were 2-3x slower than one chunk under load; docs/kernels.md).
-REFERENCE_LOGITS_BYTES = 8 << 20
+REFERENCE_LOGITS_BYTES = 16 << 20
 MIN_VOCAB_CHUNK = 8192
 
 
