@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from voice_app.asr import Transcriber
 from voice_app.audio.vad import SileroVad
 from voice_app.settings import Settings
@@ -34,8 +36,20 @@ class LoadedModels:
                                   settings.whisper_cpu_threads, settings.asr_workers)
         synthesizer = Synthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers)
         models = cls(engine, transcriber, synthesizer, SileroVad())
-        log.info("models loaded in %.1f s: %s", time.monotonic() - started, models.describe())
+        models.warm_up(settings)
+        log.info("models loaded and warmed up in %.1f s: %s", time.monotonic() - started, models.describe())
         return models
+
+    def warm_up(self, settings: Settings) -> None:
+        """One tiny run of each model, so the first user's turn does not pay for lazy setup
+        (ONNX / CTranslate2 first-run allocation, engine kernels)."""
+        from dllm_engine.request import GenerationParams
+
+        self.transcriber.transcribe_blocking(np.zeros(16000, dtype=np.float32))
+        self.synthesizer.synthesize_blocking("Hello.")
+        self.vad.stream().process(np.zeros(1024, dtype=np.float32))
+        params = GenerationParams(max_new_tokens=2, mode=settings.engine_mode)
+        self.engine.submit([{"role": "user", "content": "Hi."}], params).result()
 
     def describe(self) -> dict[str, str]:
         return {
