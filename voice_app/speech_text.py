@@ -14,6 +14,8 @@ _HEADING_OR_QUOTE = re.compile(r"^\s{0,3}(#{1,6}|>)\s*", re.M)
 _LIST_MARKER = re.compile(r"^\s*([-*+•]|\d+[.)])\s+", re.M)
 _SPACES = re.compile(r"\s+")
 _NUMBER_PERCENT = re.compile(r"(\d)\s?%")
+_CURRENCY_AMOUNT = re.compile(r"([$€£])\s?(\d+(?:,\d{3})*(?:\.\d+)?)")
+_CURRENCY_WORDS = {"$": "dollars", "€": "euros", "£": "pounds"}
 
 # symbols read aloud as words; everything else non-speakable is dropped
 _SYMBOL_WORDS = {
@@ -35,6 +37,7 @@ def clean_for_speech(text: str) -> str:
     text = _LIST_MARKER.sub("", text)
     text = _EMPHASIS.sub(r"\2", text)
     text = _NUMBER_PERCENT.sub(r"\1 percent", text)
+    text = _CURRENCY_AMOUNT.sub(lambda m: f"{m.group(2)} {_CURRENCY_WORDS[m.group(1)]}", text)  # "$5": "5 dollars"
     text = "".join(_speakable(ch) for ch in text)
     return _SPACES.sub(" ", text).strip()
 

@@ -20,7 +20,7 @@ from voice_app.speech_text import SentenceSettler, clean_for_speech, split_settl
     ("# Title\n- one\n- two", "Title one two"),
     ("See [the docs](https://x.org/a) or https://www.example.com/page now", "See the docs or www dot example dot com now"),
     ("Great job! 🎉👍", "Great job!"),
-    ("Rock & roll costs $5, 50% off", "Rock and roll costs dollars 5, 50 percent off"),
+    ("Rock & roll costs $5, 50% off", "Rock and roll costs 5 dollars, 50 percent off"),
     ("Use `print()` here\n```python\nx = 1\n```\ndone", "Use print() here done"),
 ])
 def test_clean_for_speech(raw, spoken):
