@@ -228,6 +228,13 @@ async def test_sessions_over_capacity_are_refused_with_1013(voice_server):
     await wait_until_idle(voice_server)
 
 
+async def test_browser_style_subprotocols_are_accepted(voice_server):
+    offered = ["realtime", "openai-insecure-api-key.sk-unused", "openai-beta.realtime-v1"]
+    async with websockets.connect(voice_server.ws_url + "/realtime?model=anything", subprotocols=offered) as ws:
+        assert ws.subprotocol == "realtime"
+        assert json.loads(await ws.recv())["type"] == "session.created"
+
+
 async def test_healthz_metrics_and_the_web_page(voice_server):
     state = health(voice_server)
     assert state["ok"] is True and set(state["models"]) == {"engine", "asr", "tts", "vad"}
