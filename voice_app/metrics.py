@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from typing import Callable
+from typing import Any, Callable
 
 LATENCY_BUCKETS_MS = (25, 50, 100, 150, 200, 300, 500, 750, 1000, 1500, 2500, 5000, 10000)
 
@@ -83,6 +83,22 @@ class VoiceMetrics:
             "voice_tokens_per_forward", "Engine tokens per forward pass, per response",
             buckets=(0.5, 1, 1.5, 2, 3, 4, 6, 8, 16))
         self._gauges: list[Gauge] = []
+
+    def observe_turn(self, report: dict[str, Any], first_report: bool = True) -> None:
+        """Records one x_turn.metrics report; a repeated report (barge-in after the response
+        was done) only adds its barge-in time."""
+        observed = [("barge_in_to_cleared_ms", self.barge_in_ms)]
+        if first_report:
+            observed += [("speech_stopped_to_transcript_ms", self.transcript_ms),
+                         ("speech_stopped_to_first_draft_ms", self.first_draft_ms),
+                         ("speech_stopped_to_first_audio_ms", self.first_audio_ms)]
+            if report.get("forward_passes"):
+                self.tokens_per_forward.observe(report["tokens_per_forward"])
+            if report.get("speech_stopped_to_transcript_ms") is not None:
+                self.turns_total.inc()
+        for key, histogram in observed:
+            if report.get(key) is not None:
+                histogram.observe(report[key])
 
     def add_gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         self._gauges.append(Gauge(name, help_text, read))

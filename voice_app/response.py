@@ -118,6 +118,19 @@ class Response:
             return 0.0
         return min(sent_ms, (time.monotonic() - self.clock.first_audio_at) * 1000.0)
 
+    def turn_report(self) -> dict[str, Any]:
+        """The x_turn.metrics fields: latencies of this turn in ms (None where not applicable)."""
+        clock, stats = self.clock, getattr(self.last_update, "stats", None)
+        return {
+            "response_id": self.id,
+            "speech_stopped_to_transcript_ms": clock.ms(clock.speech_stopped_at, clock.transcript_at),
+            "speech_stopped_to_first_draft_ms": clock.ms(clock.speech_stopped_at, clock.first_draft_at),
+            "speech_stopped_to_first_audio_ms": clock.ms(clock.speech_stopped_at, clock.first_audio_at),
+            "barge_in_to_cleared_ms": clock.ms(clock.speech_started_at, clock.cleared_at),
+            "tokens_per_forward": round(stats.tokens_per_forward, 3) if stats else None,
+            "forward_passes": stats.forward_passes if stats else None,
+        }
+
     def playback_left_ms(self) -> float:
         """Audio sent but (by the real-time estimate) not yet played by the client."""
         return self.audio_sent_samples * 1000.0 / WIRE_RATE - self.heard_ms()

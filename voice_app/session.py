@@ -530,28 +530,9 @@ class Session:
         await self._report_turn_metrics(response)
 
     async def _report_turn_metrics(self, response: Response) -> None:
-        clock, stats = response.clock, getattr(response.last_update, "stats", None)
-        report = {
-            "response_id": response.id,
-            "speech_stopped_to_transcript_ms": clock.ms(clock.speech_stopped_at, clock.transcript_at),
-            "speech_stopped_to_first_draft_ms": clock.ms(clock.speech_stopped_at, clock.first_draft_at),
-            "speech_stopped_to_first_audio_ms": clock.ms(clock.speech_stopped_at, clock.first_audio_at),
-            "barge_in_to_cleared_ms": clock.ms(clock.speech_started_at, clock.cleared_at),
-            "tokens_per_forward": round(stats.tokens_per_forward, 3) if stats else None,
-            "forward_passes": stats.forward_passes if stats else None,
-        }
-        observed = [("barge_in_to_cleared_ms", self.metrics.barge_in_ms)]
-        if not response.metrics_reported:  # a barge-in during playback reports the turn a second time
-            observed += [("speech_stopped_to_transcript_ms", self.metrics.transcript_ms),
-                         ("speech_stopped_to_first_draft_ms", self.metrics.first_draft_ms),
-                         ("speech_stopped_to_first_audio_ms", self.metrics.first_audio_ms)]
-            if stats is not None and stats.forward_passes:
-                self.metrics.tokens_per_forward.observe(stats.tokens_per_forward)
-            if clock.speech_stopped_at is not None:
-                self.metrics.turns_total.inc()
-        for key, histogram in observed:
-            if report[key] is not None:
-                histogram.observe(report[key])
+        report = response.turn_report()
+        # a barge-in during playback reports the turn a second time: count its latencies once
+        self.metrics.observe_turn(report, first_report=not response.metrics_reported)
         response.metrics_reported = True
         log.info("session %s turn metrics: %s", self.id, report)
         await self._send(p.server_event("x_turn.metrics", **report))
