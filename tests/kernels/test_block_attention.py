@@ -113,3 +113,10 @@ def test_empty_block_gives_empty_output():
     kv = torch.randn(2, 2, 10, 8)
     out = block_attention(q, kv, kv, torch.tensor([3, 5]), backend="triton")
     assert out.shape == (2, 4, 0, 8)
+
+
+def test_triton_fp16(poisoned_outputs):
+    q, k_cache, v_cache, prefix_lens = random_case(2, 4, 2, 5, 80, 32, torch.float16)
+    out = block_attention(q, k_cache, v_cache, prefix_lens, backend="triton")
+    expected = reference(q.float(), k_cache.float(), v_cache.float(), prefix_lens)
+    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)

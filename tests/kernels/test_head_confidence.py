@@ -62,9 +62,10 @@ def test_ties_go_to_the_lowest_token_id(backend):
     assert torch.equal(torch.argmax(hidden @ weight.T, dim=1), winners)  # torch agrees
 
 
-def test_bf16_kernel_keeps_fp32_logits(poisoned_outputs):
-    hidden = torch.randn(9, 72).bfloat16()
-    weight = torch.randn(333, 72).bfloat16()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_kernel_keeps_fp32_logits(poisoned_outputs, dtype):
+    hidden = torch.randn(9, 72).to(dtype)
+    weight = torch.randn(333, 72).to(dtype)
     token, prob, entropy = confidence_head(hidden, weight, backend="triton")
     ref_token, ref_prob, ref_entropy = reference(hidden.float(), weight.float())
     assert torch.equal(token, ref_token)
