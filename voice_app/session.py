@@ -323,10 +323,12 @@ class Session:
 
     async def _partials(self, turn: UserTurn) -> None:
         interval = self.settings.partial_interval_ms / 1000.0
+        last_decode = time.monotonic()
         while turn is self._turn:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.02, last_decode + interval - time.monotonic()))  # a steady cadence
             if turn is not self._turn or self.models.transcriber.busy:
                 continue
+            last_decode = time.monotonic()
             if turn.transcription_covering(self._detector.last_speech_sample + REUSE_MARGIN_SAMPLES):
                 continue  # nothing said since the last decode (a pause): leave the CPU to drafting
             partial = turn.agreement.update(await self._transcribe(turn, self._buffer.end))
