@@ -57,7 +57,6 @@ class Response:
         self.audio_out = audio_out
         self.clock = TurnClock()
         self.cancelled = False
-        self.done = asyncio.Event()
         self.status = "in_progress"
         self.last_update: Any = None
         self.spoken_text = ""  # text of every sentence handed to the client so far
@@ -198,10 +197,8 @@ class Response:
                     self.status = "completed"
                     break
         except asyncio.CancelledError:
-            pass
-        finally:
-            self.done.set()
-        if not self.cancelled and self._on_finished is not None:
+            return  # cut off: the session ends the response itself
+        if self._on_finished is not None:
             await self._on_finished(self)
 
     async def _send_draft(self, update: Any) -> None:
