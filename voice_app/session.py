@@ -171,12 +171,12 @@ class Session:
 
     async def _on_session_update(self, event: p.SessionUpdate) -> None:
         config = event.session
+        if config.max_output_tokens is not None:  # checked first: a refused update changes nothing
+            self.max_output_tokens = self._reply_tokens(config.max_output_tokens)
         if config.instructions is not None:
             self.instructions = config.instructions
         if config.output_modalities is not None:
             self.audio_out = "audio" in config.output_modalities
-        if config.max_output_tokens is not None:
-            self.max_output_tokens = self._reply_tokens(config.max_output_tokens)
         audio = config.audio
         if audio is not None and audio.input is not None and "turn_detection" in audio.input.model_fields_set:
             self._apply_turn_detection(audio.input.turn_detection)
