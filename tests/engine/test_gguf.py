@@ -1,0 +1,168 @@
+"""GGUF checkpoints: tiny llama files written with gguf's writer in the quant types SmolLM2's
+file uses (and F16, Q4_0, K-quants), and the real SmolLM2-135M-Instruct file, each checked
+against transformers' own GGUF loading of the same file."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from dllm_engine.loading import load_model
+from dllm_engine.loading.registry import smollm2_gguf_path
+from dllm_engine.models.transformer import KVCache, Segment
+from tiny_checkpoints import CHATML_TEMPLATE, GGUF_VARIANTS, write_tiny_llama_gguf
+
+log = logging.getLogger(__name__)
+
+TOLERANCE = 1e-4  # tiny models, fp32
+SMOLLM2_TOLERANCE = 1e-3  # 30 layers of fp32 rounding on logits up to ~30
+TOKENIZER_SAMPLES = [
+    "Hello, world!",
+    "The year 2024 had 366 days; pi is 3.14159.",
+    "Café naïve résumé — «quotes» 日本語 🙂",
+    "  leading spaces\tand\ttabs\nand newlines\n\n",
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+    "don't we'll they're",
+]
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def causal_mask(length: int) -> torch.Tensor:
+    return torch.ones(length, length, dtype=torch.bool).tril()[None, None]
+
+
+def our_logits(loaded, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return loaded.model.logits(loaded.model.forward_dense(tokens, causal_mask(tokens.shape[1])))
+
+
+def greedy_with_cache(loaded, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding on our model through the KV-cache path (one token a step)."""
+    model, stop = loaded.model, set(loaded.config.eos_token_ids)
+    cache = KVCache(model.config, max_len=len(prompt) + max_new_tokens, dtype=torch.float32)
+    new: list[int] = []
+    with torch.inference_mode():
+        chunk, start = torch.tensor(prompt), 0
+        for _ in range(max_new_tokens):
+            end = start + chunk.numel()
+            hidden = model.forward_segments([Segment(chunk, start, cache, attend_len=end, visibility="causal")])
+            token = int(model.logits(hidden[-1:]).argmax())
+            if token in stop:
+                break
+            new.append(token)
+            chunk, start = torch.tensor([token]), end
+    return new
+
+
+# ---- tiny files ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=list(GGUF_VARIANTS))
+def tiny_gguf(request, tmp_path_factory, tiny_tokenizer):
+    """(path, our loaded model, transformers' model, Q/K before llama.cpp's permutation)."""
+    variant = GGUF_VARIANTS[request.param]
+    directory = tmp_path_factory.mktemp(f"gguf-{variant.name}")
+    path = directory / f"tiny-{variant.name}.gguf"
+    unpermuted = write_tiny_llama_gguf(path, tiny_tokenizer, variant, seed=11)
+    reference = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=path.name, dtype=torch.float32)
+    return path, load_model(str(path), dtype=torch.float32), reference.eval(), unpermuted
+
+
+def test_tiny_gguf_logits_match_transformers(tiny_gguf):
+    path, loaded, reference, _ = tiny_gguf
+    tokens = torch.randint(0, loaded.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        theirs = reference(input_ids=tokens).logits
+    diff = float((our_logits(loaded, tokens) - theirs).abs().max())
+    assert float(theirs.abs().max()) > 1.0
+    assert diff < TOLERANCE, f"{path.name}: max abs logit difference {diff:.2e}"
+
+
+def test_tiny_gguf_config_and_tying(tiny_gguf):
+    path, loaded, reference, _ = tiny_gguf
+    variant = GGUF_VARIANTS[path.stem.removeprefix("tiny-")]
+    config = loaded.config
+    assert (config.family, config.attention) == ("llama", "causal")
+    assert (config.hidden_size, config.intermediate_size) == (variant.hidden, variant.intermediate)
+    assert (config.num_layers, config.num_heads, config.num_kv_heads) == (2, 4, 2)
+    assert config.rope_theta == 100000.0 and abs(config.rms_norm_eps - 1e-5) < 1e-9
+    assert config.tie_embeddings == (variant.output is None) == reference.config.tie_word_embeddings
+
+
+@pytest.mark.parametrize("variant", ["smollm2", "f16_untied", "q4_0"])
+def test_tiny_gguf_undoes_llama_cpp_q_k_permutation(variant, tmp_path, tiny_tokenizer):
+    """Our Q/K rows come back in the Hugging Face (rotate-half) order the file was made from."""
+    path = tmp_path / "tiny.gguf"
+    unpermuted = write_tiny_llama_gguf(path, tiny_tokenizer, GGUF_VARIANTS[variant], seed=3)
+    loaded = load_model(str(path), dtype=torch.float32)
+    layer, config = loaded.model.layers[1], loaded.config
+    q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    q, k = layer.qkv.weight[:q_rows], layer.qkv.weight[q_rows:q_rows + kv_rows]
+    # 4-bit quantization moves a value by at most 1/15 of its block's range; a wrong row order by O(range)
+    for ours, original in ((q, unpermuted["blk.1.attn_q.weight"]), (k, unpermuted["blk.1.attn_k.weight"])):
+        error = float((ours - torch.from_numpy(original)).abs().max())
+        assert error < 0.15 * float(np.abs(original).max()), f"rows out of order: error {error:.3f}"
+
+
+def test_tiny_gguf_tokenizer_matches_transformers(tiny_gguf, tiny_tokenizer):
+    path, loaded, _, _ = tiny_gguf
+    theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in TOKENIZER_SAMPLES:
+        ids = loaded.tokenizer.encode(text)
+        assert ids == theirs(text, add_special_tokens=False).input_ids, text
+        assert ids == tiny_tokenizer.encode(text).ids, text  # and the tokenizer it was made from
+        assert loaded.tokenizer.decode(ids, skip_special=False) == text
+    assert loaded.tokenizer.chat_template == CHATML_TEMPLATE
+    assert loaded.tokenizer.render_chat(CHAT) == theirs.apply_chat_template(CHAT, tokenize=False,
+                                                                             add_generation_prompt=True)
+    assert loaded.tokenizer.token_id("<|im_end|>") in loaded.config.eos_token_ids
+
+
+# ---- the real SmolLM2-135M-Instruct file --------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2():
+    path = smollm2_gguf_path()
+    ours = load_model(str(path), dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return ours, reference.eval(), tokenizer
+
+
+@pytest.mark.slow
+def test_smollm2_logits_match_transformers_on_a_chat_prompt(smollm2):
+    ours, reference, _ = smollm2
+    prompt = ours.tokenizer.encode(ours.tokenizer.render_chat(CHAT))
+    tokens = torch.tensor([prompt])
+    with torch.inference_mode():
+        theirs = reference(input_ids=tokens).logits
+    diff = float((our_logits(ours, tokens) - theirs).abs().max())
+    log.info("SmolLM2 chat prompt (%d tokens): max abs logit diff %.3e (logits up to %.1f)",
+             len(prompt), diff, float(theirs.abs().max()))
+    assert diff < SMOLLM2_TOLERANCE, f"max abs logit difference {diff:.2e}"
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_and_chat_template_match_transformers(smollm2):
+    ours, _, theirs = smollm2
+    for text in TOKENIZER_SAMPLES:
+        assert ours.tokenizer.encode(text) == theirs(text, add_special_tokens=False).input_ids, text
+    conversations = [CHAT, [{"role": "system", "content": "Be brief."}, *CHAT,
+                            {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Italy?"}]]
+    for messages in conversations:
+        for add_generation_prompt in (True, False):
+            expected = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            assert ours.tokenizer.render_chat(messages, add_generation_prompt) == expected
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_answers_paris_as_transformers_does(smollm2):
+    ours, reference, _ = smollm2
+    prompt = ours.tokenizer.encode(ours.tokenizer.render_chat(CHAT))
+    new = greedy_with_cache(ours, prompt, max_new_tokens=16)
+    assert "Paris" in ours.tokenizer.decode(new)
+    with torch.inference_mode():
+        generated = reference.generate(torch.tensor([prompt]), max_new_tokens=len(new), do_sample=False,
+                                       eos_token_id=ours.config.eos_token_ids, pad_token_id=2)
+    assert new == generated[0, len(prompt):].tolist()

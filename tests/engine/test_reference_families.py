@@ -1,0 +1,146 @@
+"""Every family, loaded from a tiny checkpoint in its real on-disk format, gives the logits of
+the transformers reference model holding the same weights, under the family's attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_engine.loading import load_model
+from dllm_engine.models.transformer import KVCache, Segment
+from tiny_checkpoints import FAMILY_SPECS, TINY_VOCAB, FamilySpec, build_reference_model, write_hf_checkpoint
+
+TOLERANCE = 1e-4  # fp32 max abs logit difference
+SEQ_LEN = 24  # a multiple of every tiny block size (4 and 8)
+
+
+def family_mask(spec: FamilySpec, length: int) -> torch.Tensor:
+    """The family's attention as a bool [1, 1, T, T] mask (True = may attend)."""
+    query = torch.arange(length).unsqueeze(1)
+    key = torch.arange(length).unsqueeze(0)
+    if spec.attention == "causal":
+        allowed = key <= query
+    elif spec.attention == "block_causal":
+        allowed = key // spec.block_size <= query // spec.block_size
+    else:
+        allowed = torch.ones(length, length, dtype=torch.bool)
+    return allowed[None, None]
+
+
+def chunk_mask(chunks: list[tuple[int, int, str]], length: int) -> torch.Tensor:
+    """Dense mask equal to running (start, end, visibility) chunks one after another over a cache:
+    a chunk sees everything before it, and itself causally or fully."""
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    for start, end, visibility in chunks:
+        for query in range(start, end):
+            allowed[query, : (query + 1 if visibility == "causal" else end)] = True
+    return allowed[None, None]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, tiny_tokenizer):
+    """family name -> (checkpoint dir, weights in transformers names); written once."""
+    root = tmp_path_factory.mktemp("families")
+    written = {}
+    for name, spec in FAMILY_SPECS.items():
+        written[name] = (root / name, write_hf_checkpoint(root / name, spec, tiny_tokenizer, seed=len(written)))
+    return written
+
+
+def random_tokens(batch: int, length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, TINY_VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def max_logit_diff(spec: FamilySpec, directory, weights, tokens: torch.Tensor) -> tuple[float, float]:
+    loaded = load_model(str(directory), dtype=torch.float32)
+    reference = build_reference_model(spec, weights)
+    mask = family_mask(spec, tokens.shape[1])
+    with torch.inference_mode():
+        ours = loaded.model.logits(loaded.model.forward_dense(tokens, mask))
+        theirs = reference(input_ids=tokens, attention_mask=mask.expand(tokens.shape[0], -1, -1, -1)).logits
+    return float((ours - theirs).abs().max()), float(theirs.abs().max())
+
+
+@pytest.mark.parametrize("family", list(FAMILY_SPECS))
+def test_dense_logits_match_transformers(family, checkpoints):
+    directory, weights = checkpoints[family]
+    diff, scale = max_logit_diff(FAMILY_SPECS[family], directory, weights, random_tokens(2, SEQ_LEN, seed=1))
+    assert scale > 1.0, "logits this small would hide a wrong layer under the tolerance"
+    assert diff < TOLERANCE, f"{family}: max abs logit difference {diff:.2e} (logits up to {scale:.1f})"
+
+
+@pytest.mark.parametrize("family", ["llama", "llada"])
+def test_sharded_checkpoint_loads_the_same_weights(family, tmp_path, tiny_tokenizer):
+    spec = FAMILY_SPECS[family]
+    weights = write_hf_checkpoint(tmp_path, spec, tiny_tokenizer, shards=3, seed=7)
+    assert (tmp_path / "model.safetensors.index.json").is_file() and not (tmp_path / "model.safetensors").exists()
+    diff, _ = max_logit_diff(spec, tmp_path, weights, random_tokens(1, SEQ_LEN, seed=2))
+    assert diff < TOLERANCE
+
+
+@pytest.mark.parametrize("family", list(FAMILY_SPECS))
+def test_loaded_config_reflects_the_family(family, checkpoints):
+    spec = FAMILY_SPECS[family]
+    config = load_model(str(checkpoints[family][0])).config
+    assert config.family == family
+    assert config.attention == spec.attention
+    assert config.vocab_size == TINY_VOCAB and config.num_layers == 2
+    if spec.attention == "block_causal":
+        assert config.block_size == spec.block_size
+    if "mask_token_id" in spec.config:  # Dream and LLaDA name their mask id in config.json
+        assert config.mask_token_id == spec.config["mask_token_id"]
+    assert config.qkv_bias == (spec.reference == "qwen2")
+    assert config.qk_norm == (spec.reference == "qwen3")
+    assert config.head_dim == spec.config.get("head_dim", 16)
+
+
+def cached_chunks(spec: FamilySpec, length: int) -> list[tuple[int, int, str]]:
+    """How the engine runs a sequence: a prefill, then block-sized steps over the KV cache."""
+    step = spec.block_size if spec.attention == "block_causal" else 4
+    prefill = 2 * step
+    chunks = [(0, prefill, "prefill")]
+    chunks += [(start, start + step, "step") for start in range(prefill, length, step)]
+    visibility = {"causal": "causal", "block_causal": "full", "bidirectional": "full"}[spec.attention]
+    return [(start, end, visibility) for start, end, _ in chunks]
+
+
+@pytest.mark.parametrize("family", list(FAMILY_SPECS))
+def test_cached_segments_match_dense_pass(family, checkpoints):
+    """Prefill then block steps through forward_segments + KVCache == one dense pass with
+    the equivalent mask (block-causal prefill for the block families)."""
+    spec = FAMILY_SPECS[family]
+    model = load_model(str(checkpoints[family][0])).model
+    tokens = random_tokens(1, SEQ_LEN, seed=3)[0]
+    chunks = cached_chunks(spec, SEQ_LEN)
+    cache = KVCache(model.config, max_len=SEQ_LEN + 8, dtype=torch.float32)
+    pieces = []
+    with torch.inference_mode():
+        for index, (start, end, visibility) in enumerate(chunks):
+            if index == 0 and spec.attention == "block_causal":  # prefill whole blocks, block-causally
+                segment = Segment(tokens[start:end], start, cache, attend_len=end, visibility="blocks",
+                                  block_size=spec.block_size)
+            else:
+                segment = Segment(tokens[start:end], start, cache, attend_len=end, visibility=visibility)
+            pieces.append(model.logits(model.forward_segments([segment])))
+        cached = torch.cat(pieces)
+        mask = family_mask(spec, SEQ_LEN) if spec.attention == "block_causal" else chunk_mask(chunks, SEQ_LEN)
+        dense = model.logits(model.forward_dense(tokens[None], mask))[0]
+    diff = float((cached - dense).abs().max())
+    assert diff < TOLERANCE, f"{family}: cached segments differ from the dense pass by {diff:.2e}"
+
+
+def test_packed_requests_match_separate_dense_passes(checkpoints):
+    """Two requests packed into one forward_segments call (own caches, own visibility) give
+    what each gives alone in a dense pass."""
+    spec = FAMILY_SPECS["qwen3"]
+    model = load_model(str(checkpoints["qwen3"][0])).model
+    first, second = random_tokens(1, 12, seed=4)[0], random_tokens(1, 7, seed=5)[0]
+    caches = [KVCache(model.config, max_len=16, dtype=torch.float32) for _ in range(2)]
+    with torch.inference_mode():
+        hidden = model.forward_segments([Segment(first, 0, caches[0], attend_len=12, visibility="causal"),
+                                         Segment(second, 0, caches[1], attend_len=7, visibility="full")])
+        packed = model.logits(hidden)
+        alone_first = model.logits(model.forward_dense(first[None], family_mask(spec, 12)))[0]
+        alone_second = model.logits(model.forward_dense(second[None], None))[0]
+    assert float((packed[:12] - alone_first).abs().max()) < TOLERANCE
+    assert float((packed[12:] - alone_second).abs().max()) < TOLERANCE
