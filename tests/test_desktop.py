@@ -1,0 +1,311 @@
+"""`voice-app desktop` on a real (virtual) sound card: a private PulseAudio daemon whose pipe
+source is the microphone (fed a Piper-spoken question) and whose null sink is the speaker
+(its monitor recorded with parec). Needs the Debian packages pulseaudio, pulseaudio-utils,
+libasound2-plugins and libportaudio2.
+
+Also unit tests of the echo gate on real speech (the speaker's echo vs. a person talking over it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from voice_app.audio.pcm import resample
+from voice_app.desktop import EchoGate, rms
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from make_test_audio import ensure_test_audio, read_wav  # noqa: E402
+
+MIC_RATE = 16000
+FRAME = MIC_RATE // 50  # 20 ms frames into the virtual mic
+MODEL_LOAD_TIMEOUT_S = 600.0  # model loading shares 2 cores with everything else the suite runs
+REPLY_TIMEOUT_S = 300.0
+DEBIAN_PACKAGES = "pulseaudio pulseaudio-utils libasound2-plugins libportaudio2"
+
+
+def engine_env() -> dict[str, str]:
+    """The default model once its adapter is trained; the AR base model until then."""
+    if (ROOT / "dllm_engine" / "adapters" / "smollm2-135m-bd.safetensors").is_file():
+        return {}
+    return {"VOICE_APP_ENGINE_MODEL": "smollm2-135m", "VOICE_APP_ENGINE_MODE": "autoregressive"}
+
+
+# ---- the virtual sound card ------------------------------------------------------------------
+
+
+class VirtualMic:
+    """Writes 16 kHz PCM16 into the pipe source at real-time pace: silence, or what `say` queued."""
+
+    def __init__(self, fifo: Path):
+        self._fifo = fifo
+        self._pending: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.said_at: float | None = None  # when the queued speech was fully written
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def say(self, samples_16k: np.ndarray) -> None:
+        with self._lock:
+            self.said_at = None
+            self._pending.append(samples_16k.astype("<i2"))
+
+    def _next_frame(self) -> np.ndarray:
+        with self._lock:
+            if not self._pending:
+                return np.zeros(FRAME, dtype="<i2")
+            speech = self._pending[0]
+            frame, rest = speech[:FRAME], speech[FRAME:]
+            self._pending[0] = rest
+            if len(rest) == 0:
+                self._pending.pop(0)
+                self.said_at = time.monotonic()
+        return np.pad(frame, (0, FRAME - len(frame)))
+
+    def _run(self) -> None:
+        with open(self._fifo, "wb", buffering=0) as pipe:
+            next_at = time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    pipe.write(self._next_frame().tobytes())
+                except BrokenPipeError:  # the daemon went away (teardown)
+                    return
+                next_at += FRAME / MIC_RATE
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def pulse(tmp_path_factory: pytest.TempPathFactory):
+    """A private PulseAudio daemon (started and stopped here): sink `spk`, pipe source `mic`."""
+    missing = [tool for tool in ("pulseaudio", "parec", "pactl") if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not found: apt-get install -y {DEBIAN_PACKAGES}")
+    home = tmp_path_factory.mktemp("pulse")
+    fifo = home / "mic.fifo"  # module-pipe-source creates it
+    env = {**os.environ, "HOME": str(home), "PULSE_RUNTIME_PATH": str(home / "run"),
+           "PULSE_STATE_PATH": str(home / "state"), "PULSE_CONFIG_PATH": str(home / "config")}
+    env.pop("PULSE_SERVER", None)
+    daemon = subprocess.Popen(
+        ["pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--log-target=stderr",
+         "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=spk",
+         f"--load=module-pipe-source source_name=mic file={fifo} format=s16le rate={MIC_RATE} channels=1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode != 0:
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            daemon.kill()
+            pytest.fail(f"pulseaudio did not start: {daemon.stderr.read().decode()[-2000:]}")
+        time.sleep(0.1)
+    mic = VirtualMic(fifo)
+    yield {"env": env, "mic": mic}
+    mic.stop()
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+
+
+class SpeakerRecorder:
+    """parec on the null sink's monitor: what the assistant said aloud, 16 kHz mono."""
+
+    def __init__(self, env: dict[str, str], path: Path):
+        self.path = path
+        self._file = open(path, "wb")
+        self._proc = subprocess.Popen(["parec", "--device=spk.monitor", "--format=s16le", f"--rate={MIC_RATE}",
+                                       "--channels=1", "--raw"], env=env, stdout=self._file)
+
+    def samples(self) -> np.ndarray:
+        self._file.flush()
+        raw = self.path.read_bytes()
+        return np.frombuffer(raw[: len(raw) // 2 * 2], dtype="<i2")
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+        self._file.close()
+
+
+class DesktopProcess:
+    """`voice-app desktop` as a user runs it, its console lines collected as they come."""
+
+    def __init__(self, env: dict[str, str], *args: str):
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen([sys.executable, "-m", "voice_app", "desktop", *args],
+                                     env={**env, **engine_env(), "PYTHONUNBUFFERED": "1"}, cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for_line(self, predicate, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if predicate(line):
+                    return line
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError("no such console line; output so far:\n" + "\n".join(self.lines[-60:]))
+
+    def interrupt(self, timeout_s: float = 60.0) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=5)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_for_speech_then_silence(recorder: SpeakerRecorder, timeout_s: float, silence_s: float = 2.0) -> np.ndarray:
+    """The speaker recording once something was heard and then `silence_s` of quiet followed."""
+    deadline = time.monotonic() + timeout_s
+    window = int(silence_s * MIC_RATE)
+    while time.monotonic() < deadline:
+        audio = recorder.samples()
+        loud = np.flatnonzero(np.abs(audio.astype(np.int32)) > 1000)
+        if len(loud) and len(audio) - loud[-1] > window:
+            return audio
+        time.sleep(0.25)
+    raise AssertionError(f"the speaker never went quiet after speaking (recorded {len(recorder.samples())} samples)")
+
+
+def words(text: str) -> set[str]:
+    return {w.strip(".,!?;:'\"").lower() for w in text.split()} - {""}
+
+
+# ---- tests -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_spoken_question_is_answered_through_the_speaker(pulse, tmp_path):
+    from voice_app.asr import Transcriber
+    from voice_app.settings import Settings
+
+    question = resample(read_wav(ensure_test_audio()["question"]).astype(np.float32) / 32768, 24000, MIC_RATE)
+    recorder = SpeakerRecorder(pulse["env"], tmp_path / "speaker.raw")
+    desktop = DesktopProcess(pulse["env"], "--input-device", "pulse", "--output-device", "pulse")
+    try:
+        desktop.wait_for_line(lambda line: line.startswith("listening on"), MODEL_LOAD_TIMEOUT_S)
+        pulse["mic"].say((np.clip(question, -1, 1) * 32767).astype(np.int16))
+        heard_user = desktop.wait_for_line(lambda line: line.startswith("you: ") and "capital" in line.lower(),
+                                           REPLY_TIMEOUT_S)
+        desktop.wait_for_line(lambda line: "[latency:" in line and "first audio" in line, REPLY_TIMEOUT_S)
+        reply_line = desktop.wait_for_line(lambda line: line.startswith("assistant: "), 1)
+        speaker_audio = wait_for_speech_then_silence(recorder, REPLY_TIMEOUT_S)
+        exit_code = desktop.interrupt()
+    finally:
+        desktop.kill()
+        recorder.stop()
+
+    assert "france" in heard_user.lower()
+    assert exit_code == 0 and desktop.lines[-1] == "stopped"
+    reply_text = reply_line.removeprefix("assistant: ").strip()
+    assert len(words(reply_text)) >= 2, reply_line
+    settings = Settings()
+    transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type, 1)
+    try:
+        heard_reply = transcriber.transcribe_blocking(speaker_audio.astype(np.float32) / 32768)
+    finally:
+        transcriber.close()
+    # What came out of the speaker is the reply the console showed (Whisper may miss a word).
+    overlap = words(heard_reply) & words(reply_text)
+    assert len(overlap) >= 0.5 * len(words(reply_text)), (heard_reply, reply_text)
+
+
+def test_list_devices_shows_the_virtual_card(pulse):
+    result = subprocess.run([sys.executable, "-m", "voice_app", "desktop", "--list-devices"], env=pulse["env"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "pulse" in result.stdout
+
+
+def test_an_unknown_device_name_exits_2_listing_the_devices(pulse):
+    result = subprocess.run([sys.executable, "-m", "voice_app", "desktop", "--input-device", "no-such-mic"],
+                            env=pulse["env"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "'no-such-mic'" in result.stderr and "pulse" in result.stderr and "--input-device" in result.stderr
+
+
+def test_no_audio_device_at_all_exits_2_with_how_to_choose(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path), "PULSE_SERVER": f"unix:{tmp_path}/no-such-socket"}
+    env.pop("PULSE_RUNTIME_PATH", None)
+    result = subprocess.run([sys.executable, "-m", "voice_app", "desktop"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "no audio devices found" in result.stderr and "--list-devices" in result.stderr
+
+
+# ---- the echo gate, on real speech -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def speech_16k() -> dict[str, np.ndarray]:
+    return {name: resample(read_wav(path).astype(np.float32), 24000, MIC_RATE)
+            for name, path in ensure_test_audio().items()}
+
+
+def run_gate(gate: EchoGate, played: np.ndarray, mic: np.ndarray, echo_delay_s: float) -> np.ndarray:
+    """Plays `played` and captures `mic` frame by frame on a simulated clock; returns what the
+    gate passed on."""
+    passed = []
+    for index in range(0, min(len(played), len(mic)) - FRAME + 1, FRAME):
+        now = index / MIC_RATE
+        gate.played(played[index:index + FRAME], at=now)
+        passed.append(gate.filter(mic[index:index + FRAME], captured_at=now + echo_delay_s))
+    return np.concatenate(passed)
+
+
+def echo_of(played: np.ndarray, gain: float, delay_s: float) -> np.ndarray:
+    delayed = np.concatenate([np.zeros(int(delay_s * MIC_RATE)), played])[: len(played)]
+    noise = np.random.default_rng(0).normal(0, 20, len(played))  # a quiet room
+    return gain * delayed + noise
+
+
+def test_echo_gate_silences_the_assistants_own_voice(speech_16k):
+    played = speech_16k["story"]
+    passed = run_gate(EchoGate(), played, echo_of(played, 0.4, 0.08), echo_delay_s=0.0)
+    frames = passed[: len(passed) // FRAME * FRAME].reshape(-1, FRAME)
+    assert np.mean([rms(f) == 0 for f in frames]) > 0.9  # the echo barely reaches the VAD
+
+
+def test_echo_gate_lets_a_person_talking_over_the_assistant_through(speech_16k):
+    played = speech_16k["story"]
+    user = np.zeros(len(played))
+    start = int(1.5 * MIC_RATE)  # the person starts talking 1.5 s into the reply
+    interrupt = speech_16k["interrupt"][: len(played) - start]
+    user[start:start + len(interrupt)] = interrupt
+    mic = echo_of(played, 0.4, 0.08) + user
+    passed = run_gate(EchoGate(), played, mic, echo_delay_s=0.0)
+    speaking = [i for i in range(start, start + len(interrupt) - FRAME, FRAME) if rms(user[i:i + FRAME]) > 1000]
+    through = [i for i in speaking if rms(passed[i:i + FRAME]) > 0]
+    assert len(through) >= 0.6 * len(speaking)  # enough of the speech for the VAD to call a barge-in
+
+
+def test_echo_gate_passes_everything_while_nothing_plays(speech_16k):
+    mic = speech_16k["question"]
+    passed = run_gate(EchoGate(), np.zeros(len(mic)), mic, echo_delay_s=0.0)
+    assert np.array_equal(passed, mic[: len(passed)])
