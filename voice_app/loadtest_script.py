@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from voice_app.audio.pcm import WIRE_RATE, float_to_int16, int16_to_float, resample
+from voice_app.audio.pcm import WIRE_RATE, float_to_int16, resample
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,3 @@ def write_wav_24k(path: Path, samples: np.ndarray) -> None:
         wav.writeframes(samples.astype("<i2").tobytes())
     partial.replace(path)  # a run killed mid-write leaves no truncated cache entry
 
-
-def speech_seconds(samples: np.ndarray) -> float:
-    return len(int16_to_float(samples)) / WIRE_RATE
