@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
 from tiny_checkpoints import FAMILY_SPECS, train_tiny_tokenizer, write_hf_checkpoint
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def pytest_configure(config) -> None:
@@ -25,3 +30,19 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     directory = tmp_path_factory.mktemp("tiny-llama")
     write_hf_checkpoint(directory, FAMILY_SPECS["llama"], tiny_tokenizer)
     return directory
+
+
+def _run_dllm_generate(model: str, prompt: str, max_new_tokens: int) -> dict:
+    """`dllm generate ... --json` as a user runs it (a subprocess); returns its JSON object."""
+    command = [sys.executable, "-m", "dllm_engine.cli", "generate", "--model", model, "--mode", "autoregressive",
+               "--raw", "--max-new-tokens", str(max_new_tokens), "--json", prompt]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
+    assert result.returncode == 0, f"dllm generate failed ({result.returncode}):\n{result.stderr[-3000:]}"
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one JSON line on stdout, got:\n{result.stdout}"
+    return json.loads(lines[0])
+
+
+@pytest.fixture(scope="session")
+def dllm_generate():
+    return _run_dllm_generate

@@ -166,3 +166,21 @@ def test_smollm2_greedy_answers_paris_as_transformers_does(smollm2):
         generated = reference.generate(torch.tensor([prompt]), max_new_tokens=len(new), do_sample=False,
                                        eos_token_id=ours.config.eos_token_ids, pad_token_id=2)
     assert new == generated[0, len(prompt):].tolist()
+
+
+@pytest.mark.slow
+def test_dllm_generate_on_smollm2_equals_transformers_greedy(smollm2, dllm_generate):
+    """The contract other work relies on, on the registered name: greedy, raw prompt."""
+    ours, reference, _ = smollm2
+    prompt, max_new = "The capital of France is", 16
+    result = dllm_generate("smollm2-135m", prompt, max_new)
+    assert (result["model"], result["mode"]) == ("smollm2-135m", "autoregressive")
+    prompt_ids = ours.tokenizer.encode(prompt)
+    with torch.inference_mode():
+        output = reference.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids)),
+                                    max_new_tokens=max_new, do_sample=False,
+                                    eos_token_id=ours.config.eos_token_ids, pad_token_id=2)
+    expected = output[0, len(prompt_ids):].tolist()
+    stop = next((i for i, t in enumerate(expected) if t in ours.config.eos_token_ids), len(expected))
+    assert result["token_ids"] == expected[:stop]
+    assert "Paris" in result["text"]

@@ -3,6 +3,8 @@ the transformers reference model holding the same weights, under the family's at
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -144,3 +146,41 @@ def test_packed_requests_match_separate_dense_passes(checkpoints):
         alone_second = model.logits(model.forward_dense(second[None], None))[0]
     assert float((packed[:12] - alone_first).abs().max()) < TOLERANCE
     assert float((packed[12:] - alone_second).abs().max()) < TOLERANCE
+
+
+# ---- the `dllm generate` contract ------------------------------------------------------------------
+AR_CHECKPOINTS = {
+    # untied, so a random model does not just repeat its input token (tied std-1 embeddings do)
+    "llama": dataclasses.replace(FAMILY_SPECS["llama"], config={**FAMILY_SPECS["llama"].config,
+                                                                  "tie_word_embeddings": False}),
+    "qwen2": FAMILY_SPECS["qwen2"],
+    "qwen3": FAMILY_SPECS["qwen3"],
+}
+
+
+@pytest.mark.parametrize("family", list(AR_CHECKPOINTS))
+def test_dllm_generate_greedy_tokens_equal_transformers_generate(family, tmp_path, tiny_tokenizer, dllm_generate):
+    """`dllm generate --mode autoregressive --raw --json` on an HF directory picks, token for
+    token, what transformers' greedy generate picks on the same directory."""
+    from transformers import AutoModelForCausalLM
+
+    spec = AR_CHECKPOINTS[family]
+    write_hf_checkpoint(tmp_path, spec, tiny_tokenizer, seed=21)
+    prompt, max_new = "The capital of France is", 24
+    result = dllm_generate(str(tmp_path), prompt, max_new)
+    assert set(result) >= {"text", "token_ids", "new_tokens", "forward_passes", "elapsed_s", "model", "mode"}
+    assert result["mode"] == "autoregressive" and result["model"] == tmp_path.name
+
+    loaded = load_model(str(tmp_path))
+    prompt_ids = loaded.tokenizer.encode(prompt)
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        output = reference.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids)),
+                                    max_new_tokens=max_new, do_sample=False,
+                                    eos_token_id=loaded.config.eos_token_ids, pad_token_id=0)
+    expected = output[0, len(prompt_ids):].tolist()
+    stop = next((i for i, t in enumerate(expected) if t in loaded.config.eos_token_ids), len(expected))
+    assert result["token_ids"] == expected[:stop]
+    assert result["new_tokens"] == len(result["token_ids"]) and len(set(expected)) > 3
+    assert result["text"] == loaded.tokenizer.decode(result["token_ids"])
+    assert result["forward_passes"] >= 1 and result["elapsed_s"] > 0
