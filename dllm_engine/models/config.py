@@ -72,6 +72,7 @@ class ModelConfig:
         intermediate = need("intermediate_size", "mlp_hidden_size")
         if family == "llada" and "mlp_hidden_size" in hf and "intermediate_size" not in hf:
             intermediate = hf["mlp_hidden_size"]  # OLMo config: already the per-branch width
+        rope_theta = _rope_theta(hf)
         eos = hf.get("eos_token_id")
         eos_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
         values = dict(
@@ -83,7 +84,7 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            rope_theta=rope_theta,
             rms_norm_eps=float(hf.get("rms_norm_eps", hf.get("layer_norm_eps", 1e-6))),
             max_position_embeddings=int(hf.get("max_position_embeddings", hf.get("max_sequence_length", 4096))),
             tie_embeddings=bool(hf.get("tie_word_embeddings", hf.get("weight_tying", False))),
@@ -93,3 +94,13 @@ class ModelConfig:
         )
         values.update(overrides)
         return cls(**values)
+
+
+def _rope_theta(hf: dict) -> float:
+    """rope_theta at the top level (transformers 4) or in `rope_parameters` (transformers 5
+    writes it there); a scaled rope (llama3, yarn, ...) is refused, not run as plain rope."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ValueError(f"config.json asks for rope scaling {kind!r}; only plain rotary embeddings are supported")
+    return float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
