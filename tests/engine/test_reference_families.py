@@ -4,13 +4,21 @@ the transformers reference model holding the same weights, under the family's at
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
 
 from dllm_engine.loading import load_model
 from dllm_engine.models.transformer import KVCache, Segment
-from tiny_checkpoints import FAMILY_SPECS, TINY_VOCAB, FamilySpec, build_reference_model, write_hf_checkpoint
+from tiny_checkpoints import (
+    FAMILY_SPECS,
+    TINY_VOCAB,
+    FamilySpec,
+    build_reference_model,
+    write_hf_checkpoint,
+    write_tokenizer_files,
+)
 
 TOLERANCE = 1e-4  # fp32 max abs logit difference
 SEQ_LEN = 24  # a multiple of every tiny block size (4 and 8)
@@ -184,3 +192,38 @@ def test_dllm_generate_greedy_tokens_equal_transformers_generate(family, tmp_pat
     assert result["new_tokens"] == len(result["token_ids"]) and len(set(expected)) > 3
     assert result["text"] == loaded.tokenizer.decode(result["token_ids"])
     assert result["forward_passes"] >= 1 and result["elapsed_s"] > 0
+
+
+# ---- checkpoints written by transformers itself ---------------------------------------------------
+def test_checkpoint_saved_by_transformers_5_loads_with_its_rope_theta(tmp_path, tiny_tokenizer):
+    """transformers 5 writes rope_theta inside `rope_parameters`, not at the top level; a
+    loader that missed it would silently run rope at 10000 and drift from the reference."""
+    spec = FAMILY_SPECS["qwen2"]
+    reference = build_reference_model(spec, write_hf_checkpoint(tmp_path / "source", spec, tiny_tokenizer, seed=5))
+    reference.config.rope_parameters["rope_theta"] = 1234.0  # far from every default
+    reference.save_pretrained(str(tmp_path / "saved"))
+    write_tokenizer_files(tmp_path / "saved", tiny_tokenizer)
+    saved_config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert "rope_theta" not in saved_config and saved_config["rope_parameters"]["rope_theta"] == 1234.0
+
+    loaded = load_model(str(tmp_path / "saved"))
+    assert loaded.config.rope_theta == 1234.0
+    reloaded = type(reference).from_pretrained(str(tmp_path / "saved"), dtype=torch.float32).eval()
+    tokens = random_tokens(1, SEQ_LEN, seed=6)
+    mask = family_mask(spec, SEQ_LEN)
+    with torch.inference_mode():
+        ours = loaded.model.logits(loaded.model.forward_dense(tokens, mask))
+        theirs = reloaded(input_ids=tokens).logits
+    assert float((ours - theirs).abs().max()) < TOLERANCE
+
+
+@pytest.mark.parametrize("rope_key", ["rope_scaling", "rope_parameters"])
+def test_rope_scaling_we_do_not_implement_is_refused_by_name(rope_key, tmp_path, tiny_tokenizer):
+    """LLaMA-3.1 style frequency scaling changes every position's rotation: refuse it clearly
+    rather than run plain rope and give wrong logits."""
+    spec = FAMILY_SPECS["llama"]
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 128, "rope_theta": 500000.0}
+    write_hf_checkpoint(tmp_path, dataclasses.replace(spec, config={**spec.config, rope_key: scaling}), tiny_tokenizer)
+    with pytest.raises(ValueError, match="llama3"):
+        load_model(str(tmp_path))

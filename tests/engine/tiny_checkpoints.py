@@ -243,6 +243,8 @@ GGUF_VARIANTS = {
         GGUFVariant("k_quants", "Q4_K", "Q6_K", "Q6_K", hidden=256, intermediate=256),
     ]
 }
+# a file with a quant type the engine does not read (llama.cpp's IQ4_NL on ffn_down)
+UNSUPPORTED_QUANT_VARIANT = GGUFVariant("iq4_nl_down", "Q4_1", "IQ4_NL", "Q8_0")
 
 
 def llama_cpp_row_permutation(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -252,9 +254,10 @@ def llama_cpp_row_permutation(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _k_quant_blocks(qtype_name: str, n_values: int, rng: np.random.Generator) -> np.ndarray:
-    """Random but well-formed K-quant superblocks (gguf can read these types, not write them):
-    random quants and sub-scales, with the fp16 super-scales set so values stay O(0.1)."""
+def _random_quant_blocks(qtype_name: str, n_values: int, rng: np.random.Generator) -> np.ndarray:
+    """Blocks for the types gguf can read but not write. K-quants: random quants and
+    sub-scales, with the fp16 super-scales set so values stay O(0.1). Other types: random
+    bytes, only for files a loader must refuse."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     qtype = GGMLQuantizationType[qtype_name]
@@ -265,8 +268,6 @@ def _k_quant_blocks(qtype_name: str, n_values: int, rng: np.random.Generator) ->
         blocks[:, 2:4] = np.full((len(blocks), 1), 2e-4, dtype=np.float16).view(np.uint8)
     elif qtype_name == "Q6_K":  # d (fp16) ends the block
         blocks[:, -2:] = np.full((len(blocks), 1), 6e-5, dtype=np.float16).view(np.uint8)
-    else:
-        raise ValueError(f"no K-quant block writer for {qtype_name}")
     return blocks
 
 
@@ -280,8 +281,8 @@ def encode_gguf_tensor(values: np.ndarray, qtype_name: str, rng: np.random.Gener
         return values.astype(np.float32), None
     if qtype_name == "F16":
         return values.astype(np.float16), None
-    if qtype_name in ("Q4_K", "Q6_K"):
-        blocks = _k_quant_blocks(qtype_name, values.size, rng)
+    if qtype_name in ("Q4_K", "Q6_K", "IQ4_NL", "Q2_K"):
+        blocks = _random_quant_blocks(qtype_name, values.size, rng)
         return blocks.reshape(values.shape[0], -1), qtype
     return quantize(values.astype(np.float32), qtype), qtype
 
