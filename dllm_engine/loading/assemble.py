@@ -22,12 +22,14 @@ def build_model(config: ModelConfig, tensors: dict[tuple[int | None, str], Tenso
     model.rope.__init__(config.head_dim, config.rope_theta, config.max_position_embeddings)
     c = config
     q_w, kv_w = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    used: set[tuple[int | None, str]] = set()
 
     def take(layer: int | None, key: str, shape: tuple[int, ...]) -> Tensor:
         where = f"layer {layer} {key}" if layer is not None else key
         if (layer, key) not in tensors:
             raise CheckpointError(f"{source}: missing tensor {where} (expected shape {shape})")
         tensor = tensors[(layer, key)]
+        used.add((layer, key))
         if tuple(tensor.shape) != shape:
             raise CheckpointError(f"{source}: tensor {where} has shape {tuple(tensor.shape)}, expected {shape}")
         return tensor.to(dtype)
@@ -52,5 +54,19 @@ def build_model(config: ModelConfig, tensors: dict[tuple[int | None, str], Tenso
             layer.mlp.gate_up.weight.copy_(torch.cat([take(i, "gate", (c.intermediate_size, c.hidden_size)),
                                                       take(i, "up", (c.intermediate_size, c.hidden_size))]))
             layer.mlp.down.weight.copy_(take(i, "down", (c.hidden_size, c.intermediate_size)))
+    _refuse_unused(tensors.keys() - used, config, source)
     model.requires_grad_(False)
     return model.eval()
+
+
+def _refuse_unused(unused: set, config: ModelConfig, source: str) -> None:
+    """Weights the model would silently drop mean config and checkpoint disagree."""
+    if not unused:
+        return
+    names = [key if layer is None else f"layer {layer} {key}"
+             for layer, key in sorted(unused, key=lambda k: (-1 if k[0] is None else k[0], k[1]))]
+    raise CheckpointError(
+        f"{source}: tensors the config has no place for: {', '.join(names[:8])}"
+        f"{' ...' if len(names) > 8 else ''} (config: {config.num_layers} layers, qkv_bias={config.qkv_bias}, "
+        f"qk_norm={config.qk_norm}, tied embeddings={config.tie_embeddings})"
+    )
