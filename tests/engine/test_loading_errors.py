@@ -116,3 +116,22 @@ def test_unsupported_gguf_quant_type_is_named(tmp_path, tiny_tokenizer):
 def test_missing_gguf_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing-here.gguf"):
         load_model(str(tmp_path / "nothing-here.gguf"))
+
+
+def test_tensors_the_config_has_no_place_for_are_named(llama_copy):
+    """Weights the model would silently drop (a third layer where config.json says two)
+    mean config and checkpoint disagree: refuse, naming them."""
+    weights = load_file(str(llama_copy / "model.safetensors"))
+    for name in [n for n in weights if n.startswith("model.layers.1.")]:
+        weights[name.replace("layers.1.", "layers.2.")] = weights[name].clone()
+    save_file(weights, str(llama_copy / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"no place for.*layer 2"):
+        load_model(str(llama_copy))
+
+
+def test_qkv_biases_in_a_family_without_them_are_named(llama_copy):
+    weights = load_file(str(llama_copy / "model.safetensors"))
+    weights["model.layers.0.self_attn.q_proj.bias"] = torch.ones(64)
+    save_file(weights, str(llama_copy / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"no place for.*layer 0 q_bias"):
+        load_model(str(llama_copy))
