@@ -167,3 +167,17 @@ def test_percentiles_and_the_table():
                             "eos_to_done_ms": stats, "barge_in_to_cleared_ms": empty}}
     table = format_table([level]).splitlines()
     assert len(table) == 3 and "50/95/99" in table[2] and table[2].split("|")[-2].strip() == "1"
+
+
+def test_a_reply_is_heard_out_at_real_time_pace_from_when_its_audio_arrives():
+    import base64
+
+    from voice_app.loadtest import ReceivedEvent, playback_end
+
+    def delta(at: float, seconds: float, response_id: str = "resp_1") -> ReceivedEvent:
+        audio = base64.b64encode(b"\0\0" * int(24000 * seconds)).decode()
+        return ReceivedEvent(at, {"type": "response.output_audio.delta", "response_id": response_id, "delta": audio})
+
+    events = [delta(10.0, 1.0), delta(10.1, 1.0), delta(10.2, 0.5, "resp_other"), delta(15.0, 0.5)]
+    assert playback_end(events, "resp_1", speed=1.0) == pytest.approx(15.5)  # a gap: the queue ran dry at 12.0
+    assert playback_end(events[:2], "resp_1", speed=2.0) == pytest.approx(11.0)

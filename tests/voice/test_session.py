@@ -192,3 +192,51 @@ async def test_response_lifecycle_errors(speech_models):
     assert done["response"]["status"] == "cancelled"
     assert not log.of_type("output_audio_buffer.cleared"), "response.cancel alone does not clear"
     await session.close()
+
+
+async def test_a_storm_of_mixed_events_never_breaks_the_session(speech_models, test_audio, caplog):
+    """Seeded random interleaving of every client event, valid and not: each gets handled or an
+    error event, no background task fails, and the session still answers at the end."""
+    import base64
+    import random
+
+    engine = ScriptedEngine(step_s=0.01)
+    session, log = make_session(speech_models, engine)
+    rng = random.Random(7)
+    speech = np.concatenate([test_audio["greeting"], silence(0.7)])
+    audio_b64 = [base64.b64encode(speech[i:i + 2400].astype("<i2").tobytes()).decode()
+                 for i in range(0, len(speech), 2400)]
+    user_text = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}
+    choices = [
+        lambda: {"type": "input_audio_buffer.append", "audio": rng.choice(audio_b64)},
+        lambda: {"type": "input_audio_buffer.commit"},
+        lambda: {"type": "input_audio_buffer.clear"},
+        lambda: {"type": "conversation.item.create", "item": user_text},
+        lambda: {"type": "response.create", "response": {"output_modalities": rng.choice([["text"], ["audio"]])}},
+        lambda: {"type": "response.cancel"},
+        lambda: {"type": "output_audio_buffer.clear"},
+        lambda: {"type": "conversation.item.truncate", "item_id": rng.choice(
+            [i.id for i in session.conversation.items] or ["none"]), "content_index": 0,
+            "audio_end_ms": rng.randint(0, 3000)},
+        lambda: {"type": "session.update", "session": {"type": "realtime", "instructions": "Short."}},
+        lambda: {"type": "no.such.event"},
+        lambda: {"type": "input_audio_buffer.append", "audio": "A"},
+    ]
+    with caplog.at_level("ERROR"):
+        for _ in range(300):
+            await session.handle_text(json.dumps(rng.choice(choices)()))
+            await asyncio.sleep(rng.choice([0, 0, 0.01, 0.03]))
+        await asyncio.sleep(1.0)
+        count = len(log.of_type("response.done"))
+        if session._active is not None:
+            await session.handle_text(json.dumps({"type": "response.cancel"}))
+        await session.handle_text(json.dumps({"type": "conversation.item.create", "item": user_text}))
+        await session.handle_text(json.dumps({"type": "response.create"}))
+        await log.wait_for(lambda e: e["type"] == "response.done" and e["response"]["status"] == "completed",
+                           start=len(log.events) - 1)
+    assert not [r for r in caplog.records if r.name.startswith("voice_app")], "no task failed"
+    assert count >= 1 and log.of_type("error")
+    created = [e["response"]["id"] for e in log.of_type("response.created")]
+    done = [e["response"]["id"] for e in log.of_type("response.done")]
+    assert len(done) == len(set(done)) and set(done) <= set(created), "each response ends exactly once"
+    await session.close()
