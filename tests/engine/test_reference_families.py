@@ -99,6 +99,7 @@ def test_loaded_config_reflects_the_family(family, checkpoints):
         assert config.block_size == spec.block_size
     if "mask_token_id" in spec.config:  # Dream and LLaDA name their mask id in config.json
         assert config.mask_token_id == spec.config["mask_token_id"]
+    assert config.logits_shift == (family not in ("sdar", "llada"))  # SDAR and LLaDA predict in place
     assert config.qkv_bias == (spec.reference == "qwen2")
     assert config.qk_norm == (spec.reference == "qwen3")
     assert config.head_dim == spec.config.get("head_dim", 16)
