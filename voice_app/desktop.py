@@ -9,8 +9,8 @@ the console and drop queued playback on barge-in.
 Echo guard: a speaker that the mic hears would make the assistant interrupt itself. While the
 speaker plays (and for the echo tail after it), `EchoGate` passes a mic frame to the VAD only
 when it is clearly louder than the echo that the frame's playback reference would produce; the
-echo path's gain is measured continuously during playback (median of mic/reference level
-ratios), so it adapts to the room and the volume. Talking over the assistant is louder than its
+echo path's gain is measured continuously during playback (90th percentile of mic/reference
+level ratios), so it adapts to the room and the volume. Talking over the assistant is louder than its
 echo and passes; the echo alone is replaced by silence. `--echo-guard off` for headsets.
 """
 
@@ -118,18 +118,22 @@ class EchoGate:
 
     `played` records the level of each output block and the time it reaches the speaker;
     `filter` compares a mic frame with the loudest reference block that could echo into it
-    (played within `max_delay_s` before the frame was captured). The echo gain is the median
-    mic/reference ratio over recent loud playback; a frame passes when it is `margin` times
-    louder than that predicts. Thread-safe: the output callback writes, the loop reads.
+    (played within `max_delay_s` before the frame was captured). The echo gain is the 90th
+    percentile of the mic/reference ratio over recent playback (the loudest the echo usually
+    gets; a person talking now and then barely moves it); a frame passes when it is `margin`
+    times louder than that predicts. Thread-safe: the output callback writes, the loop reads.
     """
 
-    def __init__(self, margin: float = 3.0, max_delay_s: float = 0.3, initial_gain: float = 1.0,
+    AUDIBLE = 30.0  # reference RMS (int16) below this (-60 dBFS) is silence: nothing can echo
+
+    def __init__(self, margin: float = 2.0, max_delay_s: float = 0.5, initial_gain: float = 1.0,
                  history: int = 150):
         self.margin = margin
-        self.max_delay_s = max_delay_s
-        self._gain = initial_gain  # mic level / speaker level of the echo path
+        self.max_delay_s = max_delay_s  # speaker -> mic, device buffers included (PulseAudio: ~0.3 s)
+        self._gain = initial_gain  # mic level / speaker level of the echo path, until measured
         self._ratios: deque[float] = deque(maxlen=history)  # ~3 s of 20 ms frames
         self._reference: deque[tuple[float, float]] = deque()  # (time at the speaker, level)
+        self._audible_since: float | None = None
         self._lock = threading.Lock()
         self.suppressed_frames = 0
 
@@ -146,11 +150,17 @@ class EchoGate:
 
     def filter(self, samples: np.ndarray, captured_at: float) -> np.ndarray:
         reference = self.reference_level(captured_at)
-        if reference < 30.0:  # nothing audible playing (-60 dBFS): the mic is all user
+        if reference < self.AUDIBLE:  # nothing playing: the mic is all user
+            self._audible_since = None
             return samples
+        if self._audible_since is None:
+            self._audible_since = captured_at
         level = rms(samples)
-        self._ratios.append(level / reference)
-        self._gain = float(np.median(self._ratios))
+        # Right after playback starts the echo is still on its way: a quiet mic then says
+        # nothing about the echo path, so only later frames measure it.
+        if captured_at - self._audible_since >= self.max_delay_s:
+            self._ratios.append(level / reference)
+            self._gain = float(np.percentile(self._ratios, 90))
         if level > self.margin * self._gain * reference:
             return samples
         self.suppressed_frames += 1
@@ -207,6 +217,7 @@ class Console:
         self.out = out or sys.stdout
         self.live = self.out.isatty()
         self._reply_open = False
+        self._reply_cut = False
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -224,10 +235,14 @@ class Console:
                 self._reply_open = True
             self.out.write(event["delta"])
             self.out.flush()
-        elif kind == "response.done":
-            status = event["response"]["status"]
-            self.say(" [interrupted]" if status == "cancelled" else ("" if self._reply_open else "assistant: (no reply)"))
+        elif kind == "output_audio_buffer.cleared":  # barge-in: while generating or while still playing
+            self.say(" [interrupted]" if self._reply_open else "[interrupted]")
             self._reply_open = False
+            self._reply_cut = True
+        elif kind == "response.done":
+            if not self._reply_cut:
+                self.say("" if self._reply_open else "assistant: (no reply)")
+            self._reply_open = self._reply_cut = False
         elif kind == "x_turn.metrics":
             self._show_latency(event)
         elif kind == "error":

@@ -208,6 +208,17 @@ class RunOptions:
     turn_timeout_s: float = 120.0
 
 
+def playback_end(events: list[ReceivedEvent], response_id: str, speed: float) -> float:
+    """When a client playing each audio delta of the reply as it arrives, in real time, falls silent."""
+    is_audio = of_type("response.output_audio.delta", response_id)
+    end = 0.0
+    for received in events:
+        if is_audio(received.event):
+            seconds = len(base64.b64decode(received.event["delta"])) / 2 / WIRE_RATE / speed
+            end = max(end, received.at) + seconds
+    return end
+
+
 def ms_between(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else round((end - start) * 1000.0, 1)
 
@@ -221,6 +232,7 @@ class SimulatedUser:
         self.result = SessionResult(index)
         self.conn: RealtimeConnection | None = None
         self._pending_reply: PendingReply | None = None  # a reply left playing for the next turn's barge-in
+        self._heard_reply_at = 0.0  # when a client playing the last reply in real time finishes it
 
     async def run(self) -> SessionResult:
         from websockets.asyncio.client import connect
@@ -288,12 +300,14 @@ class SimulatedUser:
             if talked_over is not None:
                 await self._wait_done(talked_over)
                 talked_over = None
-            await asyncio.sleep(turn.pause_ms / 1000 / self.options.speed)
+            # A person answers after hearing the reply out (the server streams it faster than it plays).
+            heard_in_s = max(0.0, self._heard_reply_at - time.monotonic())
+            await asyncio.sleep(heard_in_s + turn.pause_ms / 1000 / self.options.speed)
         mark = len(self.conn.events)
         speech_start, speech_end = await mic.say(samples)
         if talked_over is not None:
             await self._measure_barge_in(talked_over, mark, speech_start, result)
-            await self._wait_done(talked_over)
+            await self._wait_done(talked_over, heard_out=False)
         await self._follow_reply(mark, speech_end, result, leave_playing)
 
     async def _measure_barge_in(self, talked_over: "PendingReply", mark: int, speech_start: float,
@@ -337,12 +351,15 @@ class SimulatedUser:
         else:
             await self._wait_done(reply)
 
-    async def _wait_done(self, reply: "PendingReply") -> None:
+    async def _wait_done(self, reply: "PendingReply", heard_out: bool = True) -> None:
         result, timeout = reply.result, self.options.turn_timeout_s
         _, done = await self.conn.wait_for(of_type("response.done", reply.response_id), reply.created_index,
                                            timeout, "response.done")
         result.status = done.event["response"]["status"]
         result.eos_to_done_ms = ms_between(reply.speech_end, done.at)
+        if heard_out:
+            self._heard_reply_at = playback_end(self.conn.events[reply.created_index:], reply.response_id,
+                                                self.options.speed)
         try:
             _, metrics = await self.conn.wait_for(of_type("x_turn.metrics", reply.response_id), reply.created_index,
                                                   5, "x_turn.metrics")

@@ -7,7 +7,7 @@ A script is YAML or JSON:
       - say: What is the capital of France?       # text, spoken by Piper (cached on disk)
       - wav: recordings/story.wav                  # or a recording (any rate, PCM16)
         transcript: Tell me a story.               #   what it says, for the word error rate
-        pause_ms: 800                              # silence before speaking (default 0)
+        pause_ms: 800                              # silence after the last reply was heard out
       - say: Wait, stop, tell me about dogs.
         barge_in_after_ms: 500                     # talk over the previous reply, 500 ms after
                                                    #   its first audio arrived
