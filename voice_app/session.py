@@ -46,16 +46,20 @@ class UserTurn:
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     stable_sent: str = ""
     transcriptions: list[tuple[int, asyncio.Task]] = field(default_factory=list)  # (audio end, decode)
+    barged_in: bool = False
 
     def transcription_covering(self, sample: int) -> asyncio.Task | None:
         """A decode that heard the turn up to `sample`: a finished one if any, else one running."""
         covering = [task for end, task in self.transcriptions if end >= sample]
         finished = [task for task in covering if task.done() and task.exception() is None]
         return (finished or covering or [None])[-1]
-    barged_in: bool = False
 
 
 class Session:
+    """`models`: a LoadedModels (engine, transcriber, synthesizer, vad), shared by all sessions.
+    `send`: awaited with each server event (a dict). `on_audio`: optional, called with each reply
+    audio chunk (int16, 24 kHz) right before its delta is sent, for transports that play PCM."""
+
     def __init__(self, models: Any, settings: Settings, send: Send,
                  metrics: VoiceMetrics | None = None,
                  on_audio: Callable[[np.ndarray], None] | None = None):
