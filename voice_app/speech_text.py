@@ -76,14 +76,19 @@ def split_settled_sentences(text: str, final: bool) -> tuple[list[str], str]:
 
 
 _CLAUSE_BREAK = re.compile(r"[,;:]\s+(?=\S)")
+# a long first sentence without punctuation may also break before a conjunction (a natural breath)
+_CONJUNCTION_BREAK = re.compile(r"\s+(?=(?:and|but|or|so|because|which|that|when|while|where|with)\s+\S)",
+                                re.IGNORECASE)
+LONG_CLAUSE_WORDS = 7
 
 
 class SentenceSettler:
     """Feeds growing settled text (each call the whole text so far); returns new sentences once.
 
     The very first piece may be a clause (up to a comma, semicolon or colon, at least
-    `first_clause_words` words): the listener hears something sooner when the first sentence
-    is long, and a clause boundary is a natural place for a breath.
+    `first_clause_words` words; or, after 7 words without one, up to a conjunction): the listener
+    hears something sooner when the first sentence is long, and a clause boundary is a natural
+    place for a breath.
     """
 
     def __init__(self, first_clause_words: int = 4) -> None:
@@ -94,10 +99,18 @@ class SentenceSettler:
         pending = settled_text[self._consumed :]
         sentences, rest = split_settled_sentences(pending, final)
         if not sentences and self._consumed == 0 and self._first_clause_words:
-            for match in _CLAUSE_BREAK.finditer(rest):
-                clause = rest[: match.start() + 1].strip()
-                if len(clause.split()) >= self._first_clause_words:
-                    sentences, rest = [clause], rest[match.end() :]
-                    break
+            clause, rest = self._first_clause(rest)
+            sentences = [clause] if clause else []
         self._consumed = len(settled_text) - len(rest)
         return sentences
+
+    def _first_clause(self, text: str) -> tuple[str, str]:
+        for match in _CLAUSE_BREAK.finditer(text):
+            clause = text[: match.start() + 1].strip()
+            if len(clause.split()) >= self._first_clause_words:
+                return clause, text[match.end() :]
+        for match in _CONJUNCTION_BREAK.finditer(text):
+            clause = text[: match.start()].strip()
+            if len(clause.split()) >= max(LONG_CLAUSE_WORDS, self._first_clause_words):
+                return clause, text[match.end() :]
+        return "", text

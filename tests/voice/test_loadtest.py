@@ -88,8 +88,9 @@ def test_sessions_over_the_servers_limit_are_reported_refused(loadtest_server, t
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"turns": [{"say": "What is the capital of France?"}]}))
     report_path = tmp_path / "report.json"
+    # --duration 1: a turn takes longer than that, so each admitted session talks exactly once
     result = run_cli("--url", loadtest_server.ws_url + "/realtime", "--sessions", "3", "--script", str(script),
-                     "--stagger-ms", "0", "--report", str(report_path))
+                     "--stagger-ms", "0", "--duration", "1", "--report", str(report_path))
     level = json.loads(report_path.read_text())["levels"][0]
     assert result.returncode == 0, result.stdout + result.stderr  # a refusal is the server's answer, not an error
     assert level["refused"] == 1 and level["errors"] == [] and level["turns_completed"] == 2

@@ -44,6 +44,11 @@ def test_a_long_first_sentence_is_spoken_from_its_first_clause():
     assert settler.feed("Well, the capital", False) == []  # too short a clause to stand alone
     assert settler.feed("Well, the capital of France, as you know", False) == ["Well, the capital of France,"]
     assert settler.feed("Well, the capital of France, as you know, is Paris. It", False) == ["as you know, is Paris."]
+    settler = SentenceSettler()
+    assert settler.feed("Dogs are loyal and", False) == []  # too early to break before "and"
+    long_start = "Dogs are loyal animals that people have kept for thousands of years and they"
+    assert settler.feed(long_start, False) == ["Dogs are loyal animals that people have kept for thousands of years"]
+    assert settler.feed(long_start + " love walks. More", False) == ["and they love walks."]
 
 
 def test_local_agreement_commits_words_two_hypotheses_share():
