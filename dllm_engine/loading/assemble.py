@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from dllm_engine.models.config import ModelConfig
+from dllm_engine.models.layers import RotaryEmbedding
 from dllm_engine.models.transformer import Transformer
 
 
@@ -18,8 +19,8 @@ def build_model(config: ModelConfig, tensors: dict[tuple[int | None, str], Tenso
     """tensors maps (layer or None, canonical key) -> tensor, as produced by the loaders."""
     with torch.device("meta"):
         model = Transformer(config)
-    model = model.to_empty(device="cpu")
-    model.rope.__init__(config.head_dim, config.rope_theta, config.max_position_embeddings)
+    model = model.to_empty(device="cpu").to(dtype)
+    model.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
     c = config
     q_w, kv_w = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     used: set[tuple[int | None, str]] = set()

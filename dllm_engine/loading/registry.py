@@ -146,7 +146,8 @@ def attach_adapter(loaded: LoadedModel, path: Path) -> None:
     model.requires_grad_(False)
 
 
-def make_block_diffusion(loaded: LoadedModel, rank: int, alpha: float, block_size: int, threshold: float) -> None:
+def make_block_diffusion(loaded: LoadedModel, rank: int, alpha: float, block_size: int, threshold: float,
+                         adapter_dtype: torch.dtype | None = None) -> None:
     """Switch a loaded AR llama into the llama_bd family with fresh (zero) adapter weights."""
     config, model = loaded.config, loaded.model
     family = FAMILIES["llama_bd"]
@@ -154,5 +155,5 @@ def make_block_diffusion(loaded: LoadedModel, rank: int, alpha: float, block_siz
     config.block_size, config.default_threshold = block_size, threshold
     config.mask_token_id, config.learned_mask_embedding = config.vocab_size, True
     dtype = model.embed_tokens.dtype
-    model.mask_embedding = torch.nn.Parameter(model.embed_tokens.detach().float().mean(0).to(dtype))
-    model.add_adapter(rank, alpha)
+    model.mask_embedding = torch.nn.Parameter(model.embed_tokens.detach().float().mean(0).to(adapter_dtype or dtype))
+    model.add_adapter(rank, alpha, adapter_dtype)

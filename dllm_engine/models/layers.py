@@ -55,7 +55,8 @@ class LoRA(nn.Module):
         self.scale = alpha / rank
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(F.linear(x, self.down), self.up) * self.scale
+        # computed in the adapter's dtype (fp32 while training on a bf16 base)
+        return (F.linear(F.linear(x.to(self.down.dtype), self.down), self.up) * self.scale).to(x.dtype)
 
 
 class Projection(nn.Module):

@@ -121,11 +121,12 @@ class Transformer(nn.Module):
         """Output head on already-normed hidden states (only the rows the caller needs)."""
         return F.linear(hidden, self.output_weight)
 
-    def add_adapter(self, rank: int, alpha: float) -> None:
+    def add_adapter(self, rank: int, alpha: float, dtype: torch.dtype | None = None) -> None:
         """Attach zero-initialised LoRA modules to every projection (the base stays frozen)."""
         for layer in self.layers:
             for proj in (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down):
-                proj.lora = LoRA(proj.weight.shape[1], proj.weight.shape[0], rank, alpha).to(proj.weight.dtype)
+                lora = LoRA(proj.weight.shape[1], proj.weight.shape[0], rank, alpha)
+                proj.lora = lora.to(dtype or proj.weight.dtype)
         self.has_adapter = True
 
     # ---- the engine's packed pass -------------------------------------------------------
@@ -189,7 +190,22 @@ def _attend_cached(layer: int, segment: Segment, mask: Tensor | None, q: Tensor,
     cache, start, n = segment.cache, segment.start, segment.tokens.numel()
     cache.k[layer, :, start:start + n] = k.transpose(0, 1)
     cache.v[layer, :, start:start + n] = v.transpose(0, 1)
-    keys = cache.k[layer, :, : segment.attend_len].unsqueeze(0)
-    values = cache.v[layer, :, : segment.attend_len].unsqueeze(0)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask, enable_gqa=True)
-    return out[0].transpose(0, 1).flatten(1)
+    return grouped_attention(q, cache.k[layer, :, : segment.attend_len], cache.v[layer, :, : segment.attend_len], mask)
+
+
+def grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """q [T, Hq, D] against keys/values [Hkv, L, D]; mask [T, L] bool or None -> [T, Hq*D].
+
+    Written out as two batched matmuls with the query heads of a KV group stacked, because
+    at the engine's sizes (a few to a few dozen queries) torch's CPU flash-attention kernel
+    costs ~20 ms a call (measured), an order of magnitude more than this.
+    """
+    tokens, q_heads, dim = q.shape
+    kv_heads = keys.shape[0]
+    group = q_heads // kv_heads
+    stacked = q.reshape(tokens, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(kv_heads, group * tokens, dim)
+    scores = torch.bmm(stacked, keys.transpose(1, 2)).float() * dim**-0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
+    out = torch.bmm(torch.softmax(scores, dim=-1).to(values.dtype), values)
+    return out.reshape(kv_heads, group, tokens, dim).permute(2, 0, 1, 3).reshape(tokens, q_heads * dim)

@@ -1,0 +1,1 @@
+"""Training our default model's block-diffusion adapter by self-distillation."""

@@ -1,0 +1,123 @@
+"""Voice-assistant-style user turns, made from templates with a seeded generator.
+
+Questions, requests and small talk of the kind people say to a voice assistant. The
+factual sanity set (SANITY_QUESTIONS) is for evaluation only and never reaches training.
+"""
+
+from __future__ import annotations
+
+import random
+
+VOICE_SYSTEM_PROMPT = (
+    "You are a friendly voice assistant. Answer in one to three short spoken sentences. "
+    "Do not use lists, markdown or emoji."
+)
+
+_COUNTRIES = ["Spain", "Italy", "Germany", "Japan", "Canada", "Brazil", "Egypt", "India", "Kenya", "Mexico",
+              "Norway", "Sweden", "Greece", "Portugal", "Australia", "Argentina", "Chile", "Peru", "Turkey",
+              "Poland", "Ireland", "Austria", "Thailand", "Vietnam", "China", "Russia", "Morocco", "Nigeria",
+              "Cuba", "Finland", "Denmark", "Belgium", "Netherlands", "Switzerland", "Hungary", "Indonesia"]
+_TOPICS = ["photosynthesis", "gravity", "the moon", "volcanoes", "rain", "rainbows", "electricity", "the internet",
+           "black holes", "dinosaurs", "the ocean", "earthquakes", "vaccines", "bees", "coffee", "chocolate",
+           "the heart", "sleep", "music", "the sun", "clouds", "tides", "magnets", "plants", "thunder", "snow",
+           "the brain", "bread", "cheese", "wind", "glaciers", "deserts", "whales", "owls", "batteries",
+           "airplanes", "bicycles", "trains", "computers", "robots", "the pyramids", "the Roman empire"]
+_TASKS = ["boil an egg", "make tea", "fall asleep faster", "stay focused", "learn a new language",
+          "save money", "cook rice", "keep plants alive", "start running", "write a good email",
+          "make pancakes", "clean a laptop screen", "remember names", "reduce stress", "tie a tie",
+          "bake bread", "plan a trip", "study for an exam", "make friends in a new city", "drink more water",
+          "fix a flat bike tire", "take better photos", "wake up early", "organize my desk", "be more patient"]
+_THINGS = ["a cat", "a dog", "a rainy day", "the ocean", "a robot", "a dragon", "a small town", "the stars",
+           "a birthday", "a lost key", "a friendly ghost", "winter", "a garden", "a train ride", "a pirate"]
+_ANIMALS = ["cats", "dogs", "elephants", "dolphins", "penguins", "owls", "lions", "horses", "bees", "octopuses",
+            "sharks", "frogs", "parrots", "wolves", "foxes", "rabbits", "turtles", "giraffes"]
+_SMALL_TALK = [
+    "Hi there!", "Hello, how are you today?", "Good morning!", "What's your name?", "Are you a robot?",
+    "Thanks for your help.", "Can you hear me?", "What can you do?", "I'm feeling a bit tired today.",
+    "I had a great day today.", "Do you like music?", "What's your favorite color?", "Tell me something nice.",
+    "I'm bored.", "Good night!", "How was your day?", "Who made you?", "Are you smart?", "See you later!",
+    "I just got a new puppy.", "It's raining outside.", "I passed my exam!", "I can't sleep.",
+]
+
+_TEMPLATES = [
+    ("What is the capital of {country}?", {"country": _COUNTRIES}),
+    ("What language do people speak in {country}?", {"country": _COUNTRIES}),
+    ("Tell me one interesting fact about {country}.", {"country": _COUNTRIES}),
+    ("What is {topic}?", {"topic": _TOPICS}),
+    ("Can you explain {topic} in simple words?", {"topic": _TOPICS}),
+    ("Why is {topic} important?", {"topic": _TOPICS}),
+    ("Give me a fun fact about {topic}.", {"topic": _TOPICS}),
+    ("How do I {task}?", {"task": _TASKS}),
+    ("Any tips to {task}?", {"task": _TASKS}),
+    ("What's the easiest way to {task}?", {"task": _TASKS}),
+    ("Tell me a short story about {thing}.", {"thing": _THINGS}),
+    ("Write a two line poem about {thing}.", {"thing": _THINGS}),
+    ("Tell me a joke about {animals}.", {"animals": _ANIMALS}),
+    ("What do {animals} eat?", {"animals": _ANIMALS}),
+    ("Where do {animals} live?", {"animals": _ANIMALS}),
+    ("Are {animals} smart?", {"animals": _ANIMALS}),
+    ("What is {a} plus {b}?", {"a": list(range(1, 50)), "b": list(range(1, 50))}),
+    ("What is {a} times {b}?", {"a": list(range(2, 13)), "b": list(range(2, 13))}),
+    ("What is {a} minus {b}?", {"a": list(range(20, 100)), "b": list(range(1, 20))}),
+    ("How many days are in {period}?", {"period": ["a week", "a year", "a leap year", "two weeks", "June", "February"]}),
+    ("Should I {choice} today?", {"choice": ["go for a walk", "read a book", "call my mom", "cook dinner", "rest"]}),
+    ("Recommend a {kind} for tonight.", {"kind": ["movie", "book", "dinner", "board game", "song", "podcast"]}),
+    ("What's a good name for {pet}?", {"pet": ["a cat", "a dog", "a goldfish", "a hamster", "a parrot"]}),
+    ("{small_talk}", {"small_talk": _SMALL_TALK}),
+]
+
+SANITY_QUESTIONS: list[tuple[str, list[str]]] = [
+    ("What is the capital of France?", ["paris"]),
+    ("What is the capital of the United Kingdom?", ["london"]),
+    ("What is the capital of Italy?", ["rome"]),
+    ("What is the capital of Japan?", ["tokyo"]),
+    ("What is the capital of Germany?", ["berlin"]),
+    ("What is the capital of Spain?", ["madrid"]),
+    ("What is the capital of Russia?", ["moscow"]),
+    ("What is the capital of Egypt?", ["cairo"]),
+    ("What is two plus two?", ["4", "four"]),
+    ("What is 10 plus 5?", ["15", "fifteen"]),
+    ("What is 3 times 3?", ["9", "nine"]),
+    ("What is 100 minus 1?", ["99", "ninety-nine", "ninety nine"]),
+    ("How many days are in a week?", ["7", "seven"]),
+    ("How many months are in a year?", ["12", "twelve"]),
+    ("How many legs does a spider have?", ["8", "eight"]),
+    ("How many legs does a dog have?", ["4", "four"]),
+    ("What color is the sky on a clear day?", ["blue"]),
+    ("What color is grass?", ["green"]),
+    ("What do bees make?", ["honey"]),
+    ("What is frozen water called?", ["ice"]),
+    ("What is the largest planet in our solar system?", ["jupiter"]),
+    ("Which planet is known as the red planet?", ["mars"]),
+    ("What star is at the center of our solar system?", ["sun"]),
+    ("What gas do plants absorb from the air?", ["carbon dioxide", "co2"]),
+    ("What is the boiling point of water in Celsius?", ["100"]),
+    ("Who wrote Romeo and Juliet?", ["shakespeare"]),
+    ("What is the opposite of hot?", ["cold"]),
+    ("What animal is known as the king of the jungle?", ["lion"]),
+    ("How many hours are in a day?", ["24", "twenty-four", "twenty four"]),
+    ("What is the largest ocean on Earth?", ["pacific"]),
+]
+
+
+def voice_prompts(count: int, seed: int) -> list[str]:
+    """`count` distinct user turns drawn from the templates with a seeded generator."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    sanity = {q for q, _ in SANITY_QUESTIONS}
+    attempts = 0
+    while len(seen) < count and attempts < count * 50:
+        attempts += 1
+        template, slots = rng.choice(_TEMPLATES)
+        text = template.format(**{name: rng.choice(values) for name, values in slots.items()})
+        if text not in sanity:
+            seen.add(text)
+    prompts = sorted(seen)
+    rng.shuffle(prompts)
+    return prompts
+
+
+def conversation(prompt: str, voice_system: bool) -> list[dict]:
+    """Half the data carries the voice system prompt (as the voice app sends), half the model's own."""
+    messages = [{"role": "system", "content": VOICE_SYSTEM_PROMPT}] if voice_system else []
+    return messages + [{"role": "user", "content": prompt}]
