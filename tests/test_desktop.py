@@ -90,36 +90,50 @@ class VirtualMic:
         self._thread.join(timeout=5)
 
 
-@pytest.fixture(scope="module")
-def pulse(tmp_path_factory: pytest.TempPathFactory):
-    """A private PulseAudio daemon (started and stopped here): sink `spk`, pipe source `mic`."""
-    missing = [tool for tool in ("pulseaudio", "parec", "pactl") if shutil.which(tool) is None]
+def start_pulse(home: Path, *modules: str) -> tuple[subprocess.Popen, dict[str, str]]:
+    """A private PulseAudio daemon (runtime files under `home`) with the given modules loaded;
+    returns it and the environment that makes clients use it."""
+    missing = [tool for tool in ("pulseaudio", "parec", "pactl", "pacat") if shutil.which(tool) is None]
     if missing:
         pytest.fail(f"{', '.join(missing)} not found: apt-get install -y {DEBIAN_PACKAGES}")
-    home = tmp_path_factory.mktemp("pulse")
-    fifo = home / "mic.fifo"  # module-pipe-source creates it
     env = {**os.environ, "HOME": str(home), "PULSE_RUNTIME_PATH": str(home / "run"),
            "PULSE_STATE_PATH": str(home / "state"), "PULSE_CONFIG_PATH": str(home / "config")}
-    env.pop("PULSE_SERVER", None)
-    daemon = subprocess.Popen(
-        ["pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--log-target=stderr",
-         "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=spk",
-         f"--load=module-pipe-source source_name=mic file={fifo} format=s16le rate={MIC_RATE} channels=1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for inherited in ("PULSE_SERVER", "PULSE_SOURCE", "PULSE_SINK"):
+        env.pop(inherited, None)
+    log_path = home / "pulseaudio.log"
+    with open(log_path, "wb") as log_file:
+        daemon = subprocess.Popen(["pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--log-target=stderr",
+                                   "--load=module-native-protocol-unix", *(f"--load={m}" for m in modules)],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=log_file)
     deadline = time.monotonic() + 30
     while subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode != 0:
         if daemon.poll() is not None or time.monotonic() > deadline:
             daemon.kill()
-            pytest.fail(f"pulseaudio did not start: {daemon.stderr.read().decode()[-2000:]}")
+            pytest.fail(f"pulseaudio did not start: {log_path.read_text()[-2000:]}")
         time.sleep(0.1)
-    mic = VirtualMic(fifo)
-    yield {"env": env, "mic": mic}
-    mic.stop()
+    return daemon, env
+
+
+def stop_pulse(daemon: subprocess.Popen) -> None:
     daemon.send_signal(signal.SIGTERM)
     try:
         daemon.wait(timeout=10)
     except subprocess.TimeoutExpired:
         daemon.kill()
+        daemon.wait()
+
+
+@pytest.fixture(scope="module")
+def pulse(tmp_path_factory: pytest.TempPathFactory):
+    """Sink `spk` (the speaker, recorded through spk.monitor), pipe source `mic` (the microphone)."""
+    home = tmp_path_factory.mktemp("pulse")
+    fifo = home / "mic.fifo"  # module-pipe-source creates it
+    daemon, env = start_pulse(home, "module-null-sink sink_name=spk",
+                              f"module-pipe-source source_name=mic file={fifo} format=s16le rate={MIC_RATE} channels=1")
+    mic = VirtualMic(fifo)
+    yield {"env": env, "mic": mic}
+    mic.stop()
+    stop_pulse(daemon)
 
 
 class SpeakerRecorder:
@@ -316,6 +330,24 @@ def test_without_the_echo_gate_the_room_echo_cuts_the_reply(echoing_room):
         assert desktop.interrupt() == 0
     finally:
         desktop.kill()
+
+
+@pytest.mark.slow
+def test_a_sound_server_that_dies_mid_conversation_exits_2_listing_the_devices(tmp_path):
+    daemon, env = start_pulse(tmp_path, "module-null-sink sink_name=spk")
+    desktop = DesktopProcess({**env, "PULSE_SOURCE": "spk.monitor"}, "--input-device", "pulse",
+                             "--output-device", "pulse")
+    try:
+        desktop.wait_for_line(lambda line: line.startswith("listening on"), MODEL_LOAD_TIMEOUT_S)
+        stop_pulse(daemon)  # the "device" goes away under the running streams
+        exit_code = desktop.proc.wait(timeout=120)
+    finally:
+        desktop.kill()
+        if daemon.poll() is None:
+            stop_pulse(daemon)
+    output = "\n".join(desktop.lines)
+    assert exit_code == 2, output
+    assert "stopped unexpectedly" in output and "Devices found:" in output and "--input-device" in output
 
 
 def test_list_devices_shows_the_virtual_card(pulse):
