@@ -260,31 +260,25 @@ class SimulatedUser:
             self.result.outcome, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
         return self.result
 
-    def _turn_plan(self) -> list[int] | None:
-        """Script turn indices to play (cycling); None with --duration (play until time is up)."""
+    def _wants_turn(self, number: int, started: float) -> bool:
+        """--duration: keep talking until the time is up; else --turns, or the script once."""
         if self.options.duration_s is not None:
-            return None
-        count = self.options.turns or len(self.script.turns)
-        return [n % len(self.script.turns) for n in range(count)]
+            return time.monotonic() - started < self.options.duration_s
+        return number < (self.options.turns or len(self.script.turns))
 
     async def _converse(self, mic: Microphone) -> None:
-        plan = self._turn_plan()
         started = time.monotonic()
+        turns = self.script.turns
         number = 0
-        while True:
-            if plan is not None and number >= len(plan):
-                break
-            if plan is None and time.monotonic() - started >= self.options.duration_s:
-                break
-            script_index = plan[number] if plan is not None else number % len(self.script.turns)
-            following = (plan[number + 1] if plan is not None and number + 1 < len(plan)
-                         else (number + 1) % len(self.script.turns) if plan is None else None)
-            next_is_barge_in = following is not None and self.script.turns[following].barge_in_after_ms is not None
-            result = TurnResult(self.index, number, script_index, self.script.turns[script_index].transcript)
+        while self._wants_turn(number, started):
+            script_index = number % len(turns)  # the script cycles
+            # A barge-in comes next (if any turn does): leave this reply playing for it.
+            next_barges_in = turns[(number + 1) % len(turns)].barge_in_after_ms is not None
+            result = TurnResult(self.index, number, script_index, turns[script_index].transcript)
             self.result.turns.append(result)
             try:
-                await self._play_turn(mic, self.script.turns[script_index], self.audio[script_index], result,
-                                      leave_playing=next_is_barge_in)
+                await self._play_turn(mic, turns[script_index], self.audio[script_index], result,
+                                      leave_playing=next_barges_in)
             except TimeoutError as exc:
                 result.error = str(exc)
             number += 1

@@ -47,7 +47,8 @@ class TurnClock:
 
 class Response:
     def __init__(self, *, handle: Any, source_text: str, audio_out: bool, synthesizer: Any,
-                 speculative_tts: bool, on_audio: Callable[[np.ndarray], None] | None = None):
+                 speculative_tts: bool, speed: float = 1.0,
+                 on_audio: Callable[[np.ndarray], None] | None = None):
         self.id = new_id("resp")
         self.item = ConversationItem(id=new_id("item"), role="assistant", audio=audio_out,
                                      status="in_progress")
@@ -65,6 +66,7 @@ class Response:
         self.audio_sent_samples = 0
         self._synthesizer = synthesizer
         self._speculative_tts = speculative_tts
+        self._speed = speed
         self._on_audio = on_audio  # desktop transports take raw PCM instead of base64 events
         self._adopted = asyncio.Event()
         self._outbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -163,7 +165,7 @@ class Response:
         while (sentence := await self._sentences.get()) is not None:
             if synthesized >= SPECULATIVE_SENTENCES or not self._speculative_tts:
                 await self._adopted.wait()  # speculation stops short: CPU is better spent elsewhere
-            samples = await self._synthesizer.synthesize(sentence)
+            samples = await self._synthesizer.synthesize(sentence, self._speed)
             synthesized += 1
             self._outbox.put_nowait(("audio", (sentence, samples)))
         self._outbox.put_nowait(("end", None))

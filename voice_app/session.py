@@ -436,7 +436,8 @@ class Session:
             raise p.ProtocolError("response_failed", f"the engine refused the request: {exc}", None, event_id) from exc
         response = Response(handle=handle, source_text=source_text or messages[-1]["content"],
                             audio_out=audio_out, synthesizer=self.models.synthesizer,
-                            speculative_tts=self.settings.speculative_tts, on_audio=self._on_audio)
+                            speculative_tts=self.settings.speculative_tts, speed=self.speed,
+                            on_audio=self._on_audio)
         response.prompt_messages = messages
         self._responses.add(response)
         response.start()

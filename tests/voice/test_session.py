@@ -240,3 +240,11 @@ async def test_a_storm_of_mixed_events_never_breaks_the_session(speech_models, t
     done = [e["response"]["id"] for e in log.of_type("response.done")]
     assert len(done) == len(set(done)) and set(done) <= set(created), "each response ends exactly once"
     await session.close()
+
+
+def test_speech_speed_from_session_update_reaches_piper(speech_models):
+    synthesizer = speech_models["synthesizer"]
+    normal = len(synthesizer.synthesize_blocking("The capital of France is Paris."))
+    fast = len(synthesizer.synthesize_blocking("The capital of France is Paris.", speed=2.0))
+    assert fast < normal * 0.75
+    synthesizer.synthesize_blocking("...")  # punctuation alone must not raise
