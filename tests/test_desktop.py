@@ -365,6 +365,7 @@ def test_an_unknown_device_name_exits_2_listing_the_devices(pulse):
 
 
 def test_no_audio_device_at_all_exits_2_with_how_to_choose(tmp_path):
+    # A machine (container) without a sound card, whose PulseAudio plugin finds no server.
     env = {**os.environ, "HOME": str(tmp_path), "PULSE_SERVER": f"unix:{tmp_path}/no-such-socket"}
     env.pop("PULSE_RUNTIME_PATH", None)
     result = subprocess.run([sys.executable, "-m", "voice_app", "desktop"], env=env, cwd=ROOT,
