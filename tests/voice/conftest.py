@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts"))  # make_test_audio
+sys.path.insert(0, str(ROOT))  # `tests.voice.*` helpers, also when pytest runs without `python -m`
 
 from make_test_audio import ensure_test_audio, read_wav  # noqa: E402
 
