@@ -40,7 +40,7 @@ class DeadlineController:
         time_left = self.deadline_s - self.elapsed()
         if time_left <= 0:
             return 0.0
-        if self.step_time_s is None or tokens_left <= 0:
+        if not self.step_time_s or tokens_left <= 0:  # no pace measured yet (or a stopped clock)
             return self.base_threshold
         steps_affordable = time_left / self.step_time_s
         steps_needed = tokens_left / max(tokens_per_step, 1e-6)

@@ -1,0 +1,217 @@
+"""Block decoding on a tiny random model: the exact cache, AR equivalence, EOS, policies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_engine.decoding import (
+    BlockCausalDecoder, DeadlineController, FactorPolicy, FixedStepsPolicy, StepPlan, ThresholdPolicy,
+)
+from dllm_engine.engine import Engine
+from dllm_engine.loading import load_model
+from dllm_engine.loading.registry import make_block_diffusion
+from dllm_engine.models.config import ModelConfig
+from dllm_engine.models.transformer import KVCache
+from dllm_engine.request import GenerationParams
+
+PROMPT = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def tiny_bd(tiny_llama_dir):
+    """The tiny llama turned block-diffusion with a random (non-zero) adapter."""
+    loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    make_block_diffusion(loaded, rank=4, alpha=8.0, block_size=4, threshold=0.9)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in loaded.model.named_parameters():
+            if "lora" in name or name == "mask_embedding":
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_bd):
+    engine = Engine(tiny_bd)
+    yield engine
+    engine.close()
+
+
+def _uncached_block_decode(loaded, prompt_ids, block_size, threshold, max_new_tokens):
+    """Reference: every step recomputes the whole sequence with a dense mask, no cache."""
+    model, mask_id = loaded.model, loaded.config.mask_token_id
+    reply: list[int] = []
+    while len(reply) < max_new_tokens:
+        block = [mask_id] * min(block_size, max_new_tokens - len(reply))
+        while mask_id in block:
+            context = prompt_ids + reply
+            n, size = len(context), len(block)
+            attend = torch.ones(n + size, n + size, dtype=torch.bool).tril()
+            attend[n:, n:] = True  # the block is bidirectional
+            gate = torch.tensor([[False] * n + [True] * size])
+            with torch.no_grad():
+                hidden = model.forward_dense(torch.tensor([context + block]), attend[None, None], adapter_gate=gate)
+                logits = model.logits(hidden[0]).float()
+            if block[0] == mask_id:  # first token: the base model's own AR prediction
+                block[0] = int(logits[n - 1].argmax())
+            masked = [j for j in range(1, size) if block[j] == mask_id]
+            if masked:
+                probs = torch.softmax(logits[[n + j - 1 for j in masked]], dim=-1)
+                confidence, tokens = probs.max(dim=-1)
+                chosen = ThresholdPolicy(threshold).select(confidence.clone())
+                for j, pick, token in zip(masked, chosen.tolist(), tokens.tolist()):
+                    if pick:
+                        block[j] = token
+        reply.extend(block)
+    return reply
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.05, 1.0])
+def test_cached_decoding_gives_the_tokens_of_uncached_decoding(engine, tiny_bd, threshold):
+    params = GenerationParams(max_new_tokens=10, block_size=4, threshold=threshold, stop_at_eos=False)
+    final = engine.generate(PROMPT, params)
+    expected = _uncached_block_decode(tiny_bd, engine.prompt_ids(PROMPT, raw=False), 4, threshold, 10)
+    assert final.token_ids == expected
+    assert final.finish_reason == "length"
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 1.0])
+def test_block_size_one_equals_autoregressive_greedy(engine, threshold):
+    ar = engine.generate(PROMPT, GenerationParams(mode="autoregressive", max_new_tokens=12, stop_at_eos=False))
+    diffusion = engine.generate(PROMPT, GenerationParams(block_size=1, threshold=threshold, max_new_tokens=12,
+                                                         stop_at_eos=False))
+    assert diffusion.token_ids == ar.token_ids
+    assert len(ar.token_ids) == 12 and ar.stats.forward_passes == 12
+
+
+def test_low_threshold_commits_several_tokens_per_pass(engine):
+    final = engine.generate(PROMPT, GenerationParams(max_new_tokens=16, block_size=8, threshold=0.0, stop_at_eos=False))
+    assert final.stats.new_tokens == 16
+    assert final.stats.tokens_per_forward > 2.0  # threshold 0 commits a whole block a pass
+
+
+def test_updates_stream_a_growing_settled_prefix(engine):
+    handle = engine.submit(PROMPT, GenerationParams(max_new_tokens=12, block_size=4, threshold=1.0, stop_at_eos=False))
+    updates = list(handle)
+    assert updates[-1].final and not any(u.final for u in updates[:-1])
+    for earlier, later in zip(updates, updates[1:]):
+        assert later.token_ids[: len(earlier.token_ids)] == earlier.token_ids
+    assert all(u.draft_text.startswith(u.committed_text) for u in updates)
+
+
+# ---- the decoder's bookkeeping, driven with chosen predictions --------------------------------
+MASK, EOS = 99, 2
+
+
+def _decoder(block_size=4, max_new_tokens=8, stop_at_eos=True):
+    config = ModelConfig(
+        family="llama_bd", vocab_size=100, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+        num_kv_heads=1, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=64)
+    return BlockCausalDecoder([5, 6, 7], KVCache(config, 32, torch.float32), block_size, max_new_tokens, MASK, {EOS},
+                              True, stop_at_eos, adapter=True, bidirectional_clean_blocks=False)
+
+
+def _step(decoder, predictions: dict[int, tuple[int, float]], policy=ThresholdPolicy(0.9)):
+    plan: StepPlan = decoder.plan()
+    tokens = torch.tensor([predictions[t.position][0] for t in plan.targets])
+    confidence = torch.tensor([predictions[t.position][1] for t in plan.targets])
+    return plan, decoder.apply(plan, tokens, confidence, policy, None)
+
+
+def test_first_step_writes_the_prompt_and_denoises_the_block_in_one_pass():
+    decoder = _decoder()
+    plan, committed = _step(decoder, {0: (10, 0.1), 1: (11, 0.95), 2: (12, 0.2), 3: (13, 0.3)})
+    assert [s.visibility for s in plan.segments] == ["causal", "full"]
+    assert plan.targets[0].forced and plan.targets[0].segment == 0
+    assert committed == 2 and decoder.block == [10, 11, MASK, MASK]
+    assert decoder.settled_ids() == [10, 11] and decoder.draft_ids() == [10, 11, 12, 13]
+
+
+def test_eos_ends_the_reply_once_everything_before_it_is_committed():
+    decoder = _decoder()
+    _step(decoder, {0: (10, 1.0), 1: (11, 0.1), 2: (EOS, 0.99), 3: (EOS, 0.99)})
+    assert not decoder.finished  # position 1 is still masked
+    _step(decoder, {1: (11, 0.5)})
+    assert decoder.finished and decoder.finish_reason == "stop"
+    assert decoder.settled_ids() == [10, 11]
+
+
+def test_a_finished_block_is_written_by_the_next_pass():
+    decoder = _decoder()
+    _step(decoder, {0: (10, 1.0), 1: (11, 1.0), 2: (12, 1.0), 3: (13, 1.0)})
+    plan = decoder.plan()
+    assert plan.segments[0].tokens.tolist() == [10, 11, 12, 13] and plan.segments[0].start == 3
+    assert plan.segments[1].start == 7 and plan.segments[1].attend_len == 11
+
+
+def test_length_limit_ends_with_reason_length():
+    decoder = _decoder(block_size=4, max_new_tokens=6, stop_at_eos=False)
+    _step(decoder, {p: (20 + p, 1.0) for p in range(4)})
+    _step(decoder, {p: (30 + p, 1.0) for p in range(2)})
+    assert decoder.finish_reason == "length" and decoder.settled_ids() == [20, 21, 22, 23, 30, 31]
+
+
+# ---- policies ----------------------------------------------------------------------------------
+def test_threshold_policy_commits_confident_ones_and_at_least_one():
+    assert ThresholdPolicy(0.9).select(torch.tensor([0.5, 0.95, 0.91])).tolist() == [False, True, True]
+    assert ThresholdPolicy(0.9).select(torch.tensor([0.2, 0.4, 0.3])).tolist() == [False, True, False]
+
+
+def test_factor_policy_follows_the_rank_rule():
+    # k=1 needs >= 1 - 1/2 = 0.5, k=2 needs >= 0.667, k=3 needs >= 0.75
+    chosen = FactorPolicy(1.0).select(torch.tensor([0.7, 0.9, 0.6]))
+    assert chosen.tolist() == [True, True, False]
+
+
+def test_fixed_steps_policy_spreads_commits_over_the_steps_left():
+    chosen = FixedStepsPolicy(4).select(torch.tensor([0.1, 0.9, 0.5, 0.7, 0.2, 0.3]), steps_left=3)
+    assert chosen.tolist() == [False, True, False, True, False, False]
+
+
+# ---- deadline ----------------------------------------------------------------------------------
+class FakeClock:
+    """Moves only when told to, or by `tick` seconds at every reading."""
+
+    def __init__(self, tick: float = 0.0):
+        self.now = 100.0
+        self.tick = tick
+
+    def __call__(self):
+        self.now += self.tick
+        return self.now
+
+
+def test_deadline_keeps_the_threshold_while_on_time_and_lowers_it_when_late():
+    clock = FakeClock()
+    controller = DeadlineController(deadline_s=1.0, base_threshold=0.9, clock=clock)
+    for _ in range(3):
+        controller.record_step()
+        clock.now += 0.1
+    controller.record_step()
+    assert controller.step_time_s == pytest.approx(0.1)
+    # 0.7 s left affords 7 steps; 10 tokens at 2 per step need 5: on time
+    assert controller.threshold(tokens_left=10, tokens_per_step=2.0) == 0.9
+    # 40 tokens need 20 steps: late by a factor 7/20
+    assert controller.threshold(tokens_left=40, tokens_per_step=2.0) == pytest.approx(0.9 * 7 / 20)
+    clock.now += 1.0
+    assert controller.threshold(tokens_left=40, tokens_per_step=2.0) == 0.0
+    assert not controller.met()
+
+
+def test_deadline_in_the_engine_reports_whether_it_was_met(tiny_bd):
+    clock = FakeClock()
+    engine = Engine(tiny_bd, clock=clock)
+    try:
+        on_time = engine.generate(PROMPT, GenerationParams(max_new_tokens=8, block_size=4, deadline_s=5.0,
+                                                           threshold=1.0, stop_at_eos=False))
+        assert on_time.stats.deadline_met is True  # the clock never moved
+        assert on_time.stats.forward_passes == 6  # per block: 2 tokens, then 1, then 1
+        clock.tick = 0.3  # every reading of the clock now costs 0.3 s: the 0.5 s budget is soon spent
+        late = engine.generate(PROMPT, GenerationParams(max_new_tokens=8, block_size=4, deadline_s=0.5,
+                                                        threshold=1.0, stop_at_eos=False))
+        assert late.stats.deadline_met is False
+        assert late.stats.new_tokens == 8
+        assert late.stats.forward_passes < on_time.stats.forward_passes  # the threshold was lowered
+    finally:
+        engine.close()

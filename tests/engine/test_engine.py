@@ -1,0 +1,140 @@
+"""The Engine's scheduler: batching, cancellation, back-pressure, errors, async streaming."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from dllm_engine.engine import Engine
+from dllm_engine.loading import load_model
+from dllm_engine.loading.registry import make_block_diffusion
+from dllm_engine.request import EngineError, EngineOverloaded, GenerationParams
+
+PROMPTS = ["What is the capital of France?", "Hello there!", "Tell me about diffusion models please."]
+
+
+@pytest.fixture(scope="module")
+def tiny_bd(tiny_llama_dir):
+    loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    make_block_diffusion(loaded, rank=4, alpha=8.0, block_size=4, threshold=0.9)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in loaded.model.named_parameters():
+            if "lora" in name or name == "mask_embedding":
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return loaded
+
+
+@pytest.fixture()
+def engine(tiny_bd):
+    engine = Engine(tiny_bd, max_live_requests=4)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "autoregressive"])
+def test_batched_requests_give_the_same_tokens_as_alone(engine, mode):
+    params = GenerationParams(mode=mode, max_new_tokens=10, block_size=4, threshold=0.05, stop_at_eos=False)
+    alone = [engine.generate(p, params).token_ids for p in PROMPTS]
+    passes_before = engine.forward_passes
+    handles = [engine.submit(p, params) for p in PROMPTS]
+    together = [h.result().token_ids for h in handles]
+    assert together == alone
+    # they really shared passes: fewer passes than the three requests took one by one
+    assert engine.forward_passes - passes_before < sum(h.last.stats.forward_passes for h in handles)
+
+
+def test_cancel_stops_within_one_step_and_frees_the_request(engine):
+    params = GenerationParams(mode="autoregressive", max_new_tokens=150, stop_at_eos=False)
+    handle = engine.submit(PROMPTS[0], params)
+    first = next(iter(handle))
+    handle.cancel()
+    final = handle.wait(timeout=30)
+    assert final is not None and final.final and final.finish_reason == "cancelled"
+    assert final.step <= first.step + 2  # the step in flight when cancel() ran, then it stops
+    assert engine.live_requests == 0
+    # the others carry on undisturbed
+    assert engine.generate(PROMPTS[1], GenerationParams(max_new_tokens=4, stop_at_eos=False)).stats.new_tokens == 4
+
+
+def test_cancel_one_of_several_leaves_the_others_intact(engine):
+    params = GenerationParams(max_new_tokens=12, block_size=4, threshold=0.05, stop_at_eos=False)
+    expected = engine.generate(PROMPTS[2], params).token_ids
+    victim = engine.submit(PROMPTS[0], GenerationParams(mode="autoregressive", max_new_tokens=150, stop_at_eos=False))
+    survivor = engine.submit(PROMPTS[2], params)
+    next(iter(victim))
+    victim.cancel()
+    assert survivor.result().token_ids == expected
+    assert victim.wait(timeout=30).finish_reason == "cancelled"
+
+
+def test_over_the_request_limit_submit_raises_overloaded(engine):
+    params = GenerationParams(mode="autoregressive", max_new_tokens=150, stop_at_eos=False)
+    handles = [engine.submit(PROMPTS[0], params) for _ in range(4)]
+    with pytest.raises(EngineOverloaded, match="limit is 4"):
+        engine.submit(PROMPTS[0], params)
+    for handle in handles:
+        handle.cancel()
+    for handle in handles:
+        handle.wait(timeout=30)
+    assert engine.live_requests == 0
+
+
+def test_cached_token_budget_is_enforced(tiny_bd):
+    engine = Engine(tiny_bd, max_cached_tokens=100)
+    try:
+        with pytest.raises(EngineOverloaded, match="cached tokens"):
+            engine.submit(PROMPTS[0], GenerationParams(max_new_tokens=150))
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("params, message", [
+    (GenerationParams(max_new_tokens=0), "max_new_tokens"),
+    (GenerationParams(threshold=1.5), "threshold"),
+    (GenerationParams(block_size=0), "block_size"),
+    (GenerationParams(temperature=-1.0), "temperature"),
+    (GenerationParams(max_new_tokens=8000), "context"),
+])
+def test_bad_parameters_get_a_clear_error(engine, params, message):
+    with pytest.raises(EngineError, match=message):
+        engine.submit(PROMPTS[0], params)
+
+
+def test_malformed_messages_get_a_clear_error(engine):
+    with pytest.raises(EngineError, match="role"):
+        engine.submit([{"content": "no role"}])
+
+
+def test_diffusion_mode_on_an_autoregressive_model_is_refused(tiny_llama_dir):
+    engine = Engine(load_model(str(tiny_llama_dir)))
+    try:
+        with pytest.raises(EngineError, match="autoregressive"):
+            engine.submit(PROMPTS[0], GenerationParams(mode="diffusion"))
+    finally:
+        engine.close()
+
+
+def test_temperature_sampling_is_reproducible_with_a_seed(engine):
+    params = GenerationParams(max_new_tokens=8, block_size=4, temperature=1.0, seed=7, stop_at_eos=False)
+    assert engine.generate(PROMPTS[0], params).token_ids == engine.generate(PROMPTS[0], params).token_ids
+
+
+async def test_async_iteration_streams_updates(engine):
+    handle = engine.submit(PROMPTS[1], GenerationParams(max_new_tokens=8, block_size=4, threshold=1.0,
+                                                        stop_at_eos=False))
+    updates = [u async for u in handle]
+    assert updates[-1].final and updates[-1].stats.new_tokens == 8
+    assert len(updates) == updates[-1].step
+
+
+async def test_many_async_readers_do_not_block_each_other(engine):
+    params = GenerationParams(mode="autoregressive", max_new_tokens=5, stop_at_eos=False)
+
+    async def read(prompt):
+        return [u async for u in engine.submit(prompt, params)][-1].token_ids
+
+    results = await asyncio.wait_for(asyncio.gather(*(read(p) for p in PROMPTS)), timeout=120)
+    assert all(len(r) == 5 for r in results)
