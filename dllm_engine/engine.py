@@ -26,6 +26,7 @@ from dllm_engine.models.transformer import KVCache
 from dllm_engine.request import (
     DraftUpdate, EngineError, EngineOverloaded, GenerationParams, RequestHandle, RequestStats,
 )
+from kernels import confidence_head
 
 log = logging.getLogger(__name__)
 
@@ -141,17 +142,18 @@ class Engine:
             raise EngineError(f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
                               f"model's context of {config.max_position_embeddings} tokens")
         cache = KVCache(config, total, self.cache_dtype)
+        family = FAMILIES.get(config.family)
         common = dict(prompt_ids=ids, cache=cache, block_size=block, max_new_tokens=params.max_new_tokens,
                       mask_id=config.mask_token_id if config.mask_token_id is not None else _NO_MASK,
                       eos_ids=set(config.eos_token_ids), shift=config.logits_shift, stop_at_eos=params.stop_at_eos)
         if config.attention == "bidirectional" and diffusion:
             decoder = FullAttentionDecoder(**common)
         else:
-            family = FAMILIES.get(config.family)
             decoder = BlockCausalDecoder(
                 **common, adapter=diffusion and self.model.has_adapter,
                 bidirectional_clean_blocks=bool(family and family.bidirectional_clean_blocks) and diffusion)
         threshold = params.threshold if params.threshold is not None else config.default_threshold
+        fallback = params.fallback or (family.commit_fallback if family else "most_confident")
         now = self.clock()
         generator = None
         if params.temperature > 0:
@@ -159,7 +161,7 @@ class Engine:
         deadline = DeadlineController(params.deadline_s, threshold, self.clock) if params.deadline_s else None
         return LiveRequest(
             handle=RequestHandle(next(self._ids)), params=params, decoder=decoder,
-            policy=make_policy(params.policy, threshold, params.factor, params.steps_per_block, block),
+            policy=make_policy(params.policy, threshold, params.factor, params.steps_per_block, block, fallback),
             threshold=threshold, submitted=now, deadline=deadline, generator=generator,
             stats=RequestStats(prompt_tokens=len(ids)),
         )
@@ -215,16 +217,18 @@ class Engine:
             rows.extend(starts[t.segment] + t.row for t in plan.targets)
         with torch.inference_mode():
             hidden = self.model.forward_segments(segments)
-            logits = self.model.logits(hidden[torch.tensor(rows, dtype=torch.long)]).float()
-        picked_tokens, picked_conf = [], []
-        offset = 0
-        for request, plan in zip(batch, plans):
-            count = len(plan.targets)
-            token, conf = pick_tokens(logits[offset:offset + count], request.params.temperature, request.generator)
-            picked_tokens.append(token)
-            picked_conf.append(conf)
-            offset += count
-        return torch.cat(picked_tokens), torch.cat(picked_conf)
+            predicting = hidden[torch.tensor(rows, dtype=torch.long)]
+            # greedy: argmax and its probability straight from the head, no [rows, vocab] softmax kept
+            tokens, confidence, _ = confidence_head(predicting, self.model.output_weight)
+            offset = 0
+            for request, plan in zip(batch, plans):
+                count = len(plan.targets)
+                if request.params.temperature > 0:
+                    logits = self.model.logits(predicting[offset:offset + count])
+                    picked = pick_tokens(logits, request.params.temperature, request.generator)
+                    tokens[offset:offset + count], confidence[offset:offset + count] = picked
+                offset += count
+        return tokens, confidence
 
     def _advance(self, request: LiveRequest, plan: StepPlan, tokens, confidence) -> None:
         decoder, stats = request.decoder, request.stats

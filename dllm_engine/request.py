@@ -36,6 +36,9 @@ class GenerationParams:
     threshold: float | None = None  # confidence needed to commit; None: the model's default
     policy: Literal["threshold", "factor", "fixed_steps"] = "threshold"
     factor: float = 1.0  # for policy="factor"
+    # when no position reaches the threshold: commit the most confident one, or the leftmost
+    # masked one; None: the model family's default
+    fallback: Literal["most_confident", "leftmost"] | None = None
     steps_per_block: int | None = None  # for policy="fixed_steps"
     temperature: float = 0.0  # 0: greedy
     seed: int | None = None
@@ -56,6 +59,8 @@ class GenerationParams:
             raise EngineError(f"temperature must be >= 0, got {self.temperature}")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise EngineError(f"deadline_s must be > 0, got {self.deadline_s}")
+        if self.fallback not in (None, "most_confident", "leftmost"):
+            raise EngineError(f"fallback must be most_confident|leftmost, got {self.fallback!r}")
         if self.policy not in ("threshold", "factor", "fixed_steps"):
             raise EngineError(f"policy must be threshold|factor|fixed_steps, got {self.policy!r}")
 
@@ -120,7 +125,10 @@ class RequestHandle:
             self._updates.put(_DONE)
         wake = self._wake_async_reader
         if wake is not None:
-            wake()
+            try:
+                wake()
+            except RuntimeError:  # the reader's event loop is closed: nobody is listening any more
+                self._wake_async_reader = None
 
     def cancel(self) -> None:
         self._cancelled.set()

@@ -27,12 +27,13 @@ from dllm_engine.loading import load_model  # noqa: E402
 from dllm_engine.loading.registry import ADAPTER_DIR, make_block_diffusion  # noqa: E402
 from dllm_engine.training.distill import distill  # noqa: E402
 from dllm_engine.training.prompts import voice_prompts  # noqa: E402
-from dllm_engine.training.trainer import TrainConfig, export_adapter, train  # noqa: E402
+from dllm_engine.training.trainer import TrainConfig, export_adapter, load_checkpoint, train  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=["all", "distill", "train"], default="all")
+    parser.add_argument("--stage", choices=["all", "distill", "train", "export"], default="all",
+                        help="export: write the adapter from the last checkpoint without training further")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-bd")
     parser.add_argument("--train-prompts", type=int, default=2000)
     parser.add_argument("--eval-prompts", type=int, default=150)
@@ -70,7 +71,10 @@ def main() -> None:
                          minutes=args.minutes, seed=args.seed)
     loaded = load_model("smollm2-135m", dtype=torch.bfloat16)
     make_block_diffusion(loaded, config.rank, config.alpha, config.block_size, 0.9, adapter_dtype=torch.float32)
-    history = train(loaded, records, config, args.run_dir)
+    if args.stage == "export":
+        history = load_checkpoint(loaded, args.run_dir / "checkpoint.pt")
+    else:
+        history = train(loaded, records, config, args.run_dir)
     (args.run_dir / "history.json").write_text(json.dumps(history))
     size = export_adapter(loaded, config, ADAPTER_DIR / "smollm2-135m-bd.safetensors", {
         "train_examples": len(records), "eval_examples": len(eval_prompts), "steps": len(history),

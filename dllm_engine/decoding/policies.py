@@ -14,14 +14,19 @@ from torch import Tensor
 
 @dataclass
 class ThresholdPolicy:
-    """Fast-dLLM: commit every masked position whose confidence reaches the threshold."""
+    """Fast-dLLM: commit every masked position whose confidence reaches the threshold, and
+    when none does, the single most confident one, or with fallback="leftmost" the first
+    masked position: for models adapted from an AR model (ours) the position right after
+    the committed text is the one predicted best, so that is where a slow step should go.
+    Positions arrive in block order."""
 
     threshold: float
+    fallback: str = "most_confident"
 
     def select(self, confidence: Tensor, steps_left: int | None = None, threshold: float | None = None) -> Tensor:
         tau = self.threshold if threshold is None else threshold
         chosen = confidence >= tau
-        chosen[confidence.argmax()] = True
+        chosen[0 if self.fallback == "leftmost" else confidence.argmax()] = True
         return chosen
 
 
@@ -60,9 +65,10 @@ class FixedStepsPolicy:
 CommitPolicy = ThresholdPolicy | FactorPolicy | FixedStepsPolicy
 
 
-def make_policy(name: str, threshold: float, factor: float, steps_per_block: int | None, block_size: int) -> CommitPolicy:
+def make_policy(name: str, threshold: float, factor: float, steps_per_block: int | None, block_size: int,
+                fallback: str = "most_confident") -> CommitPolicy:
     if name == "threshold":
-        return ThresholdPolicy(threshold)
+        return ThresholdPolicy(threshold, fallback)
     if name == "factor":
         return FactorPolicy(factor)
     if name == "fixed_steps":

@@ -77,6 +77,8 @@ class Family:
     # bidirectional inside the block (SDAR, Fast-dLLM v2); False when it is written causally,
     # token by token, exactly as the autoregressive base would (our adapter-made default).
     bidirectional_clean_blocks: bool = False
+    # the threshold policy's pick when no position is confident enough (see ThresholdPolicy)
+    commit_fallback: str = "most_confident"
     description: str = ""
 
 
@@ -94,7 +96,7 @@ FAMILIES: dict[str, Family] = {
                description="LLaDA masked diffusion (OLMo names)"),
         Family("dream", "bidirectional", True, qkv_bias=True, mask_token_id=151666, block_size=32,
                description="Dream masked diffusion (Qwen2 layout)"),
-        Family("llama_bd", "block_causal", True, block_size=16, default_threshold=0.9,
+        Family("llama_bd", "block_causal", True, block_size=16, default_threshold=0.9, commit_fallback="leftmost",
                description="LLaMA made block-diffusion by our adapter (causal cache, learned mask embedding)"),
     ]
 }

@@ -49,10 +49,8 @@ def train(loaded: LoadedModel, records: list[dict], config: TrainConfig, run_dir
     checkpoint = run_dir / "checkpoint.pt"
     step, history, spent = 0, [], 0.0
     if checkpoint.exists():
+        history = load_checkpoint(loaded, checkpoint)
         state = torch.load(checkpoint, weights_only=False)
-        with torch.no_grad():
-            for name, value in state["params"].items():
-                params[name].copy_(value)
         optimizer.load_state_dict(state["optimizer"])
         step, history, spent = state["step"], state["history"], state["seconds"]
         log.info("resumed at step %d", step)
@@ -87,6 +85,16 @@ def train(loaded: LoadedModel, records: list[dict], config: TrainConfig, run_dir
     model.eval()
     model.requires_grad_(False)
     return history
+
+
+def load_checkpoint(loaded: LoadedModel, path: Path) -> list[dict]:
+    """Put a checkpoint's adapter weights into the model; returns its loss history."""
+    state = torch.load(path, weights_only=False)
+    params = trainable_parameters(loaded.model)
+    with torch.no_grad():
+        for name, value in state["params"].items():
+            params[name].copy_(value)
+    return state["history"]
 
 
 def _learning_rate(step: int, config: TrainConfig, elapsed: float) -> float:

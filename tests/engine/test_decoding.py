@@ -59,7 +59,7 @@ def _uncached_block_decode(loaded, prompt_ids, block_size, threshold, max_new_to
             if masked:
                 probs = torch.softmax(logits[[n + j - 1 for j in masked]], dim=-1)
                 confidence, tokens = probs.max(dim=-1)
-                chosen = ThresholdPolicy(threshold).select(confidence.clone())
+                chosen = ThresholdPolicy(threshold, "leftmost").select(confidence.clone())
                 for j, pick, token in zip(masked, chosen.tolist(), tokens.tolist()):
                     if pick:
                         block[j] = token
@@ -215,3 +215,10 @@ def test_deadline_in_the_engine_reports_whether_it_was_met(tiny_bd):
         assert late.stats.forward_passes < on_time.stats.forward_passes  # the threshold was lowered
     finally:
         engine.close()
+
+
+def test_leftmost_fallback_commits_the_first_masked_position():
+    confidence = torch.tensor([0.2, 0.4, 0.95, 0.3])
+    assert ThresholdPolicy(0.9, "leftmost").select(confidence.clone()).tolist() == [True, False, True, False]
+    assert ThresholdPolicy(0.99, "leftmost").select(confidence.clone()).tolist() == [True, False, False, False]
+    assert ThresholdPolicy(0.99).select(confidence.clone()).tolist() == [False, False, True, False]
