@@ -2,9 +2,12 @@
 
 `BlockCausalDecoder` serves block-causal models (SDAR, Fast-dLLM v2, our default) and the
 autoregressive mode of every model (block size 1, adapter off). The KV cache is exact:
-denoising steps never keep their keys and values; once a block is fully committed, the next
-step writes it to the cache with the model's clean attention and, in the same packed pass,
-starts denoising the following block against it.
+denoising steps never keep their keys and values; settled tokens are written to the cache with
+the model's clean attention by the next step, which in the same packed pass denoises the block
+against them. Models whose cache is written causally (ours, AR models) slide the block: each
+step writes the settled prefix of the block, takes the exact autoregressive prediction for the
+first open position from that write, and keeps the block's window B tokens wide. Models whose
+clean blocks are written bidirectionally (SDAR, Fast-dLLM v2) keep fixed, aligned blocks.
 
 `FullAttentionDecoder` serves bidirectional models (LLaDA, Dream): semi-autoregressive blocks
 with a dual cache refreshed by one full pass at every block start.
@@ -101,7 +104,9 @@ class BlockDecoderBase:
             else:
                 free.append(index)
         if free and not (committed and self._eos_closed()):
-            chosen = policy.select(confidence[free].clone(), self._steps_left(policy), threshold)
+            # a forced (exact AR) commit already guarantees progress: the rest must earn it
+            chosen = policy.select(confidence[free].clone(), self._steps_left(policy), threshold,
+                                   at_least_one=committed == 0)
             for pick, index in zip(chosen.tolist(), free):
                 if pick:
                     self.block[plan.targets[index].position] = int(tokens[index])
@@ -134,6 +139,7 @@ class BlockCausalDecoder(BlockDecoderBase):
         super().__init__(*args, **kwargs)
         self.adapter = adapter
         self.bidirectional_clean_blocks = bidirectional_clean_blocks
+        self.sliding = not bidirectional_clean_blocks
         self.written = 0  # cache positions [0, written) hold final keys and values
         self.unwritten: list[int] = list(self.prompt_ids)  # to be written by the next step
         self._new_block()
@@ -170,6 +176,9 @@ class BlockCausalDecoder(BlockDecoderBase):
         return super().apply(plan, tokens, confidence, policy, threshold)
 
     def _after_commit(self) -> None:
+        if self.sliding:
+            self._slide()
+            return
         outcome = self._block_outcome()
         if outcome == "eos":
             end = next(i for i, t in enumerate(self.block) if t in self.eos_ids)
@@ -181,6 +190,28 @@ class BlockCausalDecoder(BlockDecoderBase):
             self.unwritten = list(self.block)
             self.block, self.guesses = [], []
             self._new_block()
+
+
+    def _slide(self) -> None:
+        """Move the block's settled prefix into the reply (and the next write), refill the window."""
+        settled = 0
+        while settled < len(self.block) and self.block[settled] != self.mask_id:
+            if self.block[settled] in self.eos_ids:
+                self.reply.extend(self.block[:settled])
+                self.block, self.guesses = [], []
+                self.finish_reason = "stop"
+                return
+            settled += 1
+        if not settled:
+            return
+        self.reply.extend(self.block[:settled])
+        self.unwritten.extend(self.block[:settled])
+        self.block, self.guesses = self.block[settled:], self.guesses[settled:]
+        room = min(self.block_size, self.max_new_tokens - len(self.reply)) - len(self.block)
+        self.block += [self.mask_id] * max(0, room)
+        self.guesses += [self.mask_id] * max(0, room)
+        if not self.block:
+            self.finish_reason = "length"
 
 
 class FullAttentionDecoder(BlockDecoderBase):

@@ -23,10 +23,12 @@ class ThresholdPolicy:
     threshold: float
     fallback: str = "most_confident"
 
-    def select(self, confidence: Tensor, steps_left: int | None = None, threshold: float | None = None) -> Tensor:
+    def select(self, confidence: Tensor, steps_left: int | None = None, threshold: float | None = None,
+               at_least_one: bool = True) -> Tensor:
         tau = self.threshold if threshold is None else threshold
         chosen = confidence >= tau
-        chosen[0 if self.fallback == "leftmost" else confidence.argmax()] = True
+        if at_least_one:
+            chosen[0 if self.fallback == "leftmost" else confidence.argmax()] = True
         return chosen
 
 
@@ -37,7 +39,8 @@ class FactorPolicy:
 
     factor: float
 
-    def select(self, confidence: Tensor, steps_left: int | None = None, threshold: float | None = None) -> Tensor:
+    def select(self, confidence: Tensor, steps_left: int | None = None, threshold: float | None = None,
+               at_least_one: bool = True) -> Tensor:
         order = confidence.argsort(descending=True)
         ranks = torch.arange(1, confidence.numel() + 1, dtype=confidence.dtype)
         passes = confidence[order] >= 1.0 - self.factor / (ranks + 1)
@@ -54,7 +57,8 @@ class FixedStepsPolicy:
 
     steps_per_block: int
 
-    def select(self, confidence: Tensor, steps_left: int | None = None, threshold: float | None = None) -> Tensor:
+    def select(self, confidence: Tensor, steps_left: int | None = None, threshold: float | None = None,
+               at_least_one: bool = True) -> Tensor:
         steps_left = max(1, steps_left if steps_left is not None else 1)
         count = max(1, math.ceil(confidence.numel() / steps_left))
         chosen = torch.zeros_like(confidence, dtype=torch.bool)

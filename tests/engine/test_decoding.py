@@ -39,31 +39,35 @@ def engine(tiny_bd):
 
 
 def _uncached_block_decode(loaded, prompt_ids, block_size, threshold, max_new_tokens):
-    """Reference: every step recomputes the whole sequence with a dense mask, no cache."""
+    """Reference: every step recomputes the whole sequence with a dense mask, no cache.
+
+    The block slides: the first open position takes the base model's own AR prediction, the
+    others commit when confident, and the settled prefix leaves the block for the context."""
     model, mask_id = loaded.model, loaded.config.mask_token_id
     reply: list[int] = []
-    while len(reply) < max_new_tokens:
-        block = [mask_id] * min(block_size, max_new_tokens - len(reply))
-        while mask_id in block:
-            context = prompt_ids + reply
-            n, size = len(context), len(block)
-            attend = torch.ones(n + size, n + size, dtype=torch.bool).tril()
-            attend[n:, n:] = True  # the block is bidirectional
-            gate = torch.tensor([[False] * n + [True] * size])
-            with torch.no_grad():
-                hidden = model.forward_dense(torch.tensor([context + block]), attend[None, None], adapter_gate=gate)
-                logits = model.logits(hidden[0]).float()
-            if block[0] == mask_id:  # first token: the base model's own AR prediction
-                block[0] = int(logits[n - 1].argmax())
-            masked = [j for j in range(1, size) if block[j] == mask_id]
-            if masked:
-                probs = torch.softmax(logits[[n + j - 1 for j in masked]], dim=-1)
-                confidence, tokens = probs.max(dim=-1)
-                chosen = ThresholdPolicy(threshold, "leftmost").select(confidence.clone())
-                for j, pick, token in zip(masked, chosen.tolist(), tokens.tolist()):
-                    if pick:
-                        block[j] = token
-        reply.extend(block)
+    block = [mask_id] * min(block_size, max_new_tokens)
+    while block:
+        context = prompt_ids + reply
+        n, size = len(context), len(block)
+        attend = torch.ones(n + size, n + size, dtype=torch.bool).tril()
+        attend[n:, n:] = True  # the block is bidirectional
+        gate = torch.tensor([[False] * n + [True] * size])
+        with torch.no_grad():
+            hidden = model.forward_dense(torch.tensor([context + block]), attend[None, None], adapter_gate=gate)
+            logits = model.logits(hidden[0]).float()
+        block[0] = int(logits[n - 1].argmax())  # exact AR prediction from the clean context
+        masked = [j for j in range(1, size) if block[j] == mask_id]
+        if masked:
+            probs = torch.softmax(logits[[n + j - 1 for j in masked]], dim=-1)
+            confidence, tokens = probs.max(dim=-1)
+            chosen = ThresholdPolicy(threshold, "leftmost").select(confidence.clone(), at_least_one=False)
+            for j, pick, token in zip(masked, chosen.tolist(), tokens.tolist()):
+                if pick:
+                    block[j] = token
+        settled = next((i for i, t in enumerate(block) if t == mask_id), len(block))
+        reply.extend(block[:settled])
+        block = block[settled:]
+        block += [mask_id] * (min(block_size, max_new_tokens - len(reply)) - len(block))
     return reply
 
 
@@ -124,15 +128,19 @@ def test_first_step_writes_the_prompt_and_denoises_the_block_in_one_pass():
     plan, committed = _step(decoder, {0: (10, 0.1), 1: (11, 0.95), 2: (12, 0.2), 3: (13, 0.3)})
     assert [s.visibility for s in plan.segments] == ["causal", "full"]
     assert plan.targets[0].forced and plan.targets[0].segment == 0
-    assert committed == 2 and decoder.block == [10, 11, MASK, MASK]
+    assert committed == 2
+    # the settled prefix left the block for the reply; the window refilled to 4 open positions
+    assert decoder.reply == [10, 11] and decoder.block == [MASK] * 4
     assert decoder.settled_ids() == [10, 11] and decoder.draft_ids() == [10, 11, 12, 13]
+    nxt = decoder.plan()
+    assert nxt.segments[0].tokens.tolist() == [10, 11] and nxt.segments[0].start == 3
 
 
 def test_eos_ends_the_reply_once_everything_before_it_is_committed():
     decoder = _decoder()
     _step(decoder, {0: (10, 1.0), 1: (11, 0.1), 2: (EOS, 0.99), 3: (EOS, 0.99)})
-    assert not decoder.finished  # position 1 is still masked
-    _step(decoder, {1: (11, 0.5)})
+    assert not decoder.finished  # the position before the EOS is still open
+    _step(decoder, {0: (11, 0.5)})  # it is now the block's first position: the AR prediction
     assert decoder.finished and decoder.finish_reason == "stop"
     assert decoder.settled_ids() == [10, 11]
 
@@ -206,7 +214,7 @@ def test_deadline_in_the_engine_reports_whether_it_was_met(tiny_bd):
         on_time = engine.generate(PROMPT, GenerationParams(max_new_tokens=8, block_size=4, deadline_s=5.0,
                                                            threshold=1.0, stop_at_eos=False))
         assert on_time.stats.deadline_met is True  # the clock never moved
-        assert on_time.stats.forward_passes == 6  # per block: 2 tokens, then 1, then 1
+        assert on_time.stats.forward_passes == 8  # threshold 1: only the exact AR commit each pass
         clock.tick = 0.3  # every reading of the clock now costs 0.3 s: the 0.5 s budget is soon spent
         late = engine.generate(PROMPT, GenerationParams(max_new_tokens=8, block_size=4, deadline_s=0.5,
                                                         threshold=1.0, stop_at_eos=False))
