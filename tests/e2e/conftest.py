@@ -116,7 +116,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.sections.append(("voice-app serve log (last 6000 chars)", log_path.read_text()[-6000:]))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def voice_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[str]:
     """A real `voice-app serve` with the default models, on a free port; yields its base URL.
 
@@ -143,9 +143,12 @@ def voice_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.
             server.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def launch_browser(chromium_path: Path):
-    """Launches chromium with its fake microphone looping a given WAV; one browser per file."""
+    """Launches chromium with its fake microphone looping a given WAV; one browser per file.
+
+    Module-scoped: Playwright's sync API keeps an event loop running in this thread while it
+    lives, which would stop every later asyncio test in the session from starting its own."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
