@@ -71,7 +71,7 @@ async def test_a_pause_starts_a_speculative_draft_before_the_turn_ends(speech_mo
 
 async def test_barge_in_clears_cancels_and_truncates(speech_models, test_audio):
     long_reply = lambda messages: " ".join(f"Sentence number {i} of a very long answer." for i in range(1, 30))
-    engine = ScriptedEngine(reply=long_reply, step_s=0.05, words_per_step=3)
+    engine = ScriptedEngine(reply=long_reply, step_s=0.15, words_per_step=3)
     session, log = make_session(speech_models, engine)
     await stream_audio(session.push_pcm16, np.concatenate([test_audio["question"], silence(0.8)]))
     first_delta = await log.wait_for(lambda e: e["type"] == "response.output_audio.delta")
