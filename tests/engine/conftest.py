@@ -46,3 +46,24 @@ def _run_dllm_generate(model: str, prompt: str, max_new_tokens: int) -> dict:
 @pytest.fixture(scope="session")
 def dllm_generate():
     return _run_dllm_generate
+
+
+@pytest.fixture(scope="session")
+def make_tiny_bd(tiny_llama_dir):
+    """The tiny llama turned block-diffusion (block 4) with a random, non-zero adapter."""
+    import torch
+
+    from dllm_engine.loading import load_model
+    from dllm_engine.loading.registry import make_block_diffusion
+
+    def make(seed: int):
+        loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)
+        make_block_diffusion(loaded, rank=4, alpha=8.0, block_size=4, threshold=0.9)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in loaded.model.named_parameters():
+                if "lora" in name or name == "mask_embedding":
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+        return loaded
+
+    return make

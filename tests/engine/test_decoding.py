@@ -9,8 +9,6 @@ from dllm_engine.decoding import (
     BlockCausalDecoder, DeadlineController, FactorPolicy, FixedStepsPolicy, StepPlan, ThresholdPolicy,
 )
 from dllm_engine.engine import Engine
-from dllm_engine.loading import load_model
-from dllm_engine.loading.registry import make_block_diffusion
 from dllm_engine.models.config import ModelConfig
 from dllm_engine.models.transformer import KVCache
 from dllm_engine.request import GenerationParams
@@ -19,16 +17,8 @@ PROMPT = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def tiny_bd(tiny_llama_dir):
-    """The tiny llama turned block-diffusion with a random (non-zero) adapter."""
-    loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)
-    make_block_diffusion(loaded, rank=4, alpha=8.0, block_size=4, threshold=0.9)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in loaded.model.named_parameters():
-            if "lora" in name or name == "mask_embedding":
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return loaded
+def tiny_bd(make_tiny_bd):
+    return make_tiny_bd(seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -9,22 +9,14 @@ import torch
 
 from dllm_engine.engine import Engine
 from dllm_engine.loading import load_model
-from dllm_engine.loading.registry import make_block_diffusion
 from dllm_engine.request import EngineError, EngineOverloaded, GenerationParams
 
 PROMPTS = ["What is the capital of France?", "Hello there!", "Tell me about diffusion models please."]
 
 
 @pytest.fixture(scope="module")
-def tiny_bd(tiny_llama_dir):
-    loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)
-    make_block_diffusion(loaded, rank=4, alpha=8.0, block_size=4, threshold=0.9)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in loaded.model.named_parameters():
-            if "lora" in name or name == "mask_embedding":
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return loaded
+def tiny_bd(make_tiny_bd):
+    return make_tiny_bd(seed=1)
 
 
 @pytest.fixture()
