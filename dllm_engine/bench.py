@@ -125,7 +125,8 @@ def format_table(report: dict) -> str:
 
 def write_docs(path: Path, table: str, report: dict) -> None:
     block = (f"{_START}\n<!-- written by `dllm bench`; rerun it to refresh -->\n"
-             f"Command: `dllm bench --model {report['model']} --dtype {report['dtype']}`\n\n{table}\n{_END}")
+             f"Command: `dllm bench --model {report['model']} --dtype {report['dtype']} --prompts {report['prompts']} "
+             f"--max-new-tokens {report['max_new_tokens']}`\n\n{table}\n{_END}")
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     if _START in text and _END in text:
         text = text[:text.index(_START)] + block + text[text.index(_END) + len(_END):]
