@@ -39,6 +39,11 @@ def _params(args, engine, raw: bool = False) -> GenerationParams:
                             temperature=args.temperature, seed=args.seed, raw=raw)
 
 
+def _stats_line(stats) -> str:
+    return (f"[{stats.new_tokens} tokens, {stats.forward_passes} forward passes, "
+            f"{stats.tokens_per_forward:.2f} tokens/forward, {stats.elapsed_s:.2f}s]")
+
+
 def _load_engine(args):
     from dllm_engine.engine import Engine
 
@@ -71,8 +76,7 @@ def cmd_generate(args) -> int:
             }))
         else:
             print(final.committed_text)
-            print(f"[{stats.new_tokens} tokens, {stats.forward_passes} forward passes, "
-                  f"{stats.tokens_per_forward:.2f} tokens/forward, {stats.elapsed_s:.2f}s]", file=sys.stderr)
+            print(_stats_line(stats), file=sys.stderr)
     finally:
         engine.close()
     return 0
@@ -105,9 +109,7 @@ def cmd_chat(args) -> int:
             reply = final.committed_text if final else ""
             history.append({"role": "assistant", "content": reply})
             if final:
-                s = final.stats
-                print(f"     [{s.new_tokens} tok, {s.forward_passes} passes, {s.tokens_per_forward:.2f} tok/pass, "
-                      f"{s.elapsed_s:.2f}s]", file=sys.stderr)
+                print("     " + _stats_line(final.stats), file=sys.stderr)
     finally:
         engine.close()
     return 0
