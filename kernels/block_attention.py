@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from kernels.dispatch import Backend, resolve_backend
 
@@ -54,12 +53,13 @@ def check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError(f"block_attention: prefix_lens must be integer, got {prefix_lens.dtype}")
 
 
-def check_prefix_lens(prefix_lens: torch.Tensor, block_len: int, cache_len: int) -> None:
+def check_prefix_lens(prefix_lens: torch.Tensor | list[int], block_len: int, cache_len: int) -> None:
     """Every block must fit in the cache: 0 <= prefix_lens[r] and prefix_lens[r] + Bq <= L.
     Reads the values, so on a GPU tensor it waits for the device."""
-    if prefix_lens.numel() == 0:
+    values = prefix_lens.tolist() if isinstance(prefix_lens, torch.Tensor) else prefix_lens
+    if not values:
         return
-    low, high = int(prefix_lens.min()), int(prefix_lens.max())
+    low, high = min(values), max(values)
     if low < 0 or high + block_len > cache_len:
         raise ValueError(
             f"block_attention: prefix_lens must lie in [0, L - Bq] = [0, {cache_len - block_len}], "
@@ -67,30 +67,55 @@ def check_prefix_lens(prefix_lens: torch.Tensor, block_len: int, cache_len: int)
         )
 
 
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float | None = None) -> torch.Tensor:
+    """One sequence's grouped-query attention: q [T, Hq, D] against keys/values [Hkv, L, D],
+    mask [T, L] bool (True = may attend) or None -> [T, Hq*D].
+
+    Two batched matmuls with the query heads of a KV group stacked, because at the engine's
+    sizes (a few to a few dozen queries) torch's CPU flash-attention kernel costs ~20 ms a call
+    (measured), an order of magnitude more than this. Scores and softmax in float32."""
+    tokens, q_heads, dim = q.shape
+    kv_heads = keys.shape[0]
+    group = q_heads // kv_heads
+    scale = scale if scale is not None else dim**-0.5
+    stacked = q.reshape(tokens, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(kv_heads, group * tokens, dim)
+    # scores in float32 even for bf16 inputs: attention-sink logits are large, and a bf16
+    # score (8 mantissa bits) rounded them enough to turn SmolLM2's answers to nonsense
+    scores = torch.bmm(stacked.float(), keys.float().transpose(1, 2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
+    out = torch.bmm(torch.softmax(scores, dim=-1).to(values.dtype), values)
+    return out.reshape(kv_heads, group, tokens, dim).permute(2, 0, 1, 3).reshape(tokens, q_heads * dim)
+
+
 def reference(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """scaled_dot_product_attention per row over exactly its visible cache slice.
+    """`grouped_attention` per row over exactly its visible cache slice.
 
     Slicing instead of a padding mask: a mask still multiplies the hidden positions' values
     by zero, so stale NaN/inf left in an unused cache region would leak into the output;
-    slices never touch that region, and each call runs without a mask (the fast path)."""
+    slices never touch that region, and no row needs a mask at all."""
     check_inputs(q, k_cache, v_cache, prefix_lens)
+    return _reference_checked(q, k_cache, v_cache, prefix_lens, scale)
+
+
+def _reference_checked(q, k_cache, v_cache, prefix_lens, scale):
+    """`reference` on inputs check_inputs has passed (the engine calls this every layer)."""
     rows, q_heads, block_len, head_dim = q.shape
-    check_prefix_lens(prefix_lens, block_len, k_cache.shape[2])
-    out = torch.empty_like(q)
+    prefixes = prefix_lens.tolist()
+    check_prefix_lens(prefixes, block_len, k_cache.shape[2])
     if q.numel() == 0:
-        return out
-    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-    grouped = k_cache.shape[1] != q_heads
-    for row, prefix in enumerate(prefix_lens.tolist()):
+        return torch.empty_like(q)
+    outputs = []
+    for row, prefix in enumerate(prefixes):
         visible = prefix + block_len
-        out[row] = F.scaled_dot_product_attention(
-            q[row:row + 1], k_cache[row:row + 1, :, :visible], v_cache[row:row + 1, :, :visible],
-            scale=scale, enable_gqa=grouped,
-        )[0]
-    return out
+        attended = grouped_attention(q[row].transpose(0, 1), k_cache[row, :, :visible], v_cache[row, :, :visible],
+                                     None, scale)
+        outputs.append(attended.view(block_len, q_heads, head_dim).transpose(0, 1))
+    return torch.stack(outputs)
 
 
 def block_attention(
@@ -104,7 +129,7 @@ def block_attention(
     would wait for the device every layer) and clamps the visible length to the cache."""
     check_inputs(q, k_cache, v_cache, prefix_lens)
     if resolve_backend(backend, q.device, "block_attention") == "reference":
-        return reference(q, k_cache, v_cache, prefix_lens, scale)
+        return _reference_checked(q, k_cache, v_cache, prefix_lens, scale)
     if prefix_lens.device.type == "cpu":
         check_prefix_lens(prefix_lens, q.shape[2], k_cache.shape[2])
     from kernels.triton_ops.block_attention import run_block_attention

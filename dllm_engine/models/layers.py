@@ -74,9 +74,14 @@ class Projection(nn.Module):
         self.lora: LoRA | None = None
 
     def forward(self, x: Tensor, adapter_gate: Tensor | None = None) -> Tensor:
+        """adapter_gate: None (base weights only), a bool mask over x's rows (training's dense
+        pass), or the int64 indices of the rows of a packed [N, in] x (the engine's pass: no
+        mask scan or host sync per projection)."""
         y = F.linear(x, self.weight, self.bias)
         if self.lora is None or adapter_gate is None:
             return y
+        if adapter_gate.dtype == torch.int64 and adapter_gate.dim() == 1 and x.dim() == 2:
+            return y.index_add(0, adapter_gate, self.lora(x.index_select(0, adapter_gate)))
         if adapter_gate.dtype == torch.bool and adapter_gate.shape == x.shape[:-1]:
             if bool(adapter_gate.all()):
                 return y + self.lora(x)
@@ -86,7 +91,7 @@ class Projection(nn.Module):
             y = y.clone()
             y[rows] = y[rows] + self.lora(x[rows])
             return y
-        raise ValueError(f"adapter_gate must be a bool tensor of shape {tuple(x.shape[:-1])}")
+        raise ValueError(f"adapter_gate must be a bool tensor of shape {tuple(x.shape[:-1])} or int64 row indices")
 
 
 class MLP(nn.Module):

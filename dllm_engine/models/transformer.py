@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,20 +19,35 @@ from torch import Tensor, nn
 
 from dllm_engine.models.config import ModelConfig
 from dllm_engine.models.layers import MLP, LoRA, Projection, RMSNorm, RotaryEmbedding, apply_rotary
+from kernels import block_attention
+from kernels.block_attention import grouped_attention
 
 
 class KVCache:
-    """One request's keys and values for every layer, preallocated to its maximum length."""
+    """One request's keys and values for every layer, preallocated to its maximum length.
 
-    def __init__(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
-        shape = (config.num_layers, config.num_kv_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+    `allocate=False` defers the (zero-filled) tensors to `allocate()`, so the engine can
+    create them on its scheduler thread: see `Engine` on why torch work stays on one thread.
+    """
+
+    def __init__(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 allocate: bool = True):
+        self.shape = (config.num_layers, config.num_kv_heads, max_len, config.head_dim)
+        self.dtype, self.device = dtype, device
         self.max_len = max_len
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        if allocate:
+            self.allocate()
+
+    def allocate(self) -> None:
+        if self.k is None:
+            self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
 
     @property
     def num_bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return 2 * math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass
@@ -134,19 +151,21 @@ class Transformer(nn.Module):
         """Run packed segments; returns final-normed hidden states [N, hidden] in order."""
         tokens = torch.cat([s.tokens for s in segments])
         positions = torch.cat([torch.arange(s.start, s.start + s.tokens.numel()) for s in segments])
-        gate = None
+        gate = None  # the packed rows the adapter acts on, as indices
         if self.has_adapter and any(s.adapter for s in segments):
-            gate = torch.cat([torch.full((s.tokens.numel(),), s.adapter, dtype=torch.bool) for s in segments])
+            offsets = itertools.accumulate((s.tokens.numel() for s in segments), initial=0)
+            gate = torch.cat([torch.arange(o, o + s.tokens.numel()) for o, s in zip(offsets, segments) if s.adapter])
         x = self.embed(tokens)
         cos, sin = self.rope.tables(positions, x.dtype)
         masks = [_visibility_mask(s) for s in segments]
+        block_prefixes = [_block_prefix(s) for s in segments]
         for index, layer in enumerate(self.layers):
             q, k, v = layer.project_qkv(x, cos, sin, gate)
             outputs, offset = [], 0
-            for segment, mask in zip(segments, masks):
-                n = segment.tokens.numel()
-                outputs.append(_attend_cached(index, segment, mask, q[offset:offset + n], k[offset:offset + n], v[offset:offset + n]))
-                offset += n
+            for segment, mask, prefix in zip(segments, masks, block_prefixes):
+                rows = slice(offset, offset + segment.tokens.numel())
+                outputs.append(_attend_cached(index, segment, mask, prefix, q[rows], k[rows], v[rows]))
+                offset = rows.stop
             attn = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
             x = layer.finish(x, attn, gate)
         return self.final_norm(x)
@@ -186,26 +205,20 @@ def _visibility_mask(segment: Segment) -> Tensor | None:
     return torch.arange(segment.attend_len).unsqueeze(0) <= query_pos
 
 
-def _attend_cached(layer: int, segment: Segment, mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def _block_prefix(segment: Segment) -> Tensor | None:
+    """[start] when the segment is a query block over the cache before it and itself (what
+    `kernels.block_attention` computes), else None."""
+    is_block = segment.visibility == "full" and segment.attend_len == segment.start + segment.tokens.numel()
+    return torch.tensor([segment.start]) if is_block else None
+
+
+def _attend_cached(layer: int, segment: Segment, mask: Tensor | None, block_prefix: Tensor | None,
+                   q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     cache, start, n = segment.cache, segment.start, segment.tokens.numel()
     cache.k[layer, :, start:start + n] = k.transpose(0, 1)
     cache.v[layer, :, start:start + n] = v.transpose(0, 1)
+    if block_prefix is not None:
+        out = block_attention(q.transpose(0, 1).unsqueeze(0), cache.k[layer].unsqueeze(0),
+                              cache.v[layer].unsqueeze(0), block_prefix.to(q.device))
+        return out[0].transpose(0, 1).reshape(n, -1)
     return grouped_attention(q, cache.k[layer, :, : segment.attend_len], cache.v[layer, :, : segment.attend_len], mask)
-
-
-def grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-    """q [T, Hq, D] against keys/values [Hkv, L, D]; mask [T, L] bool or None -> [T, Hq*D].
-
-    Written out as two batched matmuls with the query heads of a KV group stacked, because
-    at the engine's sizes (a few to a few dozen queries) torch's CPU flash-attention kernel
-    costs ~20 ms a call (measured), an order of magnitude more than this.
-    """
-    tokens, q_heads, dim = q.shape
-    kv_heads = keys.shape[0]
-    group = q_heads // kv_heads
-    stacked = q.reshape(tokens, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(kv_heads, group * tokens, dim)
-    scores = torch.bmm(stacked, keys.transpose(1, 2)).float() * dim**-0.5
-    if mask is not None:
-        scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
-    out = torch.bmm(torch.softmax(scores, dim=-1).to(values.dtype), values)
-    return out.reshape(kv_heads, group, tokens, dim).permute(2, 0, 1, 3).reshape(tokens, q_heads * dim)

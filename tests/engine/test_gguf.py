@@ -184,3 +184,19 @@ def test_dllm_generate_on_smollm2_equals_transformers_greedy(smollm2, dllm_gener
     stop = next((i for i, t in enumerate(expected) if t in ours.config.eos_token_ids), len(expected))
     assert result["token_ids"] == expected[:stop]
     assert "Paris" in result["text"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["autoregressive", "diffusion"])
+def test_bf16_engine_answers_paris(mode):
+    """bf16 is the engine's default on CPUs with native bf16 (and the server's): its answers
+    must stay the model's, not just its speed."""
+    from dllm_engine.engine import Engine
+    from dllm_engine.request import GenerationParams
+
+    engine = Engine.load("smollm2-135m-bd", dtype="bfloat16")
+    try:
+        reply = engine.generate(CHAT, GenerationParams(mode=mode, max_new_tokens=12)).committed_text
+    finally:
+        engine.close()
+    assert "Paris" in reply, reply

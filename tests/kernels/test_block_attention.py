@@ -120,3 +120,16 @@ def test_triton_fp16(poisoned_outputs):
     out = block_attention(q, k_cache, v_cache, prefix_lens, backend="triton")
     expected = reference(q.float(), k_cache.float(), v_cache.float(), prefix_lens)
     torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_reference_bf16_keeps_large_scores_precise():
+    """Keys and queries that share a large component (as real models' do) give raw scores in
+    the thousands that differ by a few units; rounded to bf16 (steps of 16-32 there) those
+    differences vanish. This broke the bf16 engine's answers until scores were kept in fp32."""
+    q, k_cache, v_cache, prefix_lens = random_case(2, 6, 2, 5, 60, 64)
+    shared = torch.randn(64)
+    q, k_cache = q + 4 * shared, k_cache + 20 * shared
+    q16, k16, v16 = q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16()
+    expected = looped_oracle(q16.float(), k16.float(), v16.float(), prefix_lens).float()
+    out = reference(q16, k16, v16, prefix_lens).float()
+    torch.testing.assert_close(out, expected, rtol=3e-2, atol=3e-2)
