@@ -89,7 +89,8 @@ def run_bench(args) -> int:
     finally:
         engine.close()
     report = {
-        "model": engine.model_name, "dtype": args.dtype, "threads": torch.get_num_threads(),
+        "model": engine.model_name, "dtype": str(engine.cache_dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "max_new_tokens": args.max_new_tokens,
         "block_size": args.block_size or engine.config.block_size, "threshold": args.threshold or engine.config.default_threshold,
         "prompts": len(prompts), "results": results,

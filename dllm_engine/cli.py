@@ -16,7 +16,8 @@ log = logging.getLogger("dllm")
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"registered name, .gguf file, HF dir or hub id (default {DEFAULT_MODEL})")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and cache dtype")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="weights and cache dtype (auto: bfloat16 where the CPU/GPU has native bf16 matmuls)")
     parser.add_argument("--download", action="store_true", help="allow fetching a hub id that is not cached (online only)")
 
 

@@ -7,8 +7,10 @@ optional: without it every op runs its reference.
 """
 
 from kernels.block_attention import block_attention
-from kernels.commit_selection import commit_tokens_, select_commits
+from kernels.commit_selection import FORCE_BEST, FORCE_LEFTMOST, FORCE_NONE, commit_tokens_, select_commits
 from kernels.dispatch import BACKENDS, Backend
 from kernels.head_confidence import confidence_head
 
-__all__ = ["BACKENDS", "Backend", "block_attention", "commit_tokens_", "confidence_head", "select_commits"]
+__all__ = [
+    "BACKENDS", "FORCE_BEST", "FORCE_LEFTMOST", "FORCE_NONE", "Backend", "block_attention", "commit_tokens_", "confidence_head", "select_commits",
+]

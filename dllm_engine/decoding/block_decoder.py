@@ -92,29 +92,49 @@ class BlockDecoderBase:
         return True
 
     def apply(self, plan: StepPlan, tokens: Tensor, confidence: Tensor, policy, threshold: float | None) -> int:
-        """Commit from this step's predictions (one per plan target); returns tokens committed."""
+        """Commit from this step's predictions (one per plan target); returns tokens committed.
+
+        The engine runs the same three phases itself, so that one batched selection serves
+        every request of a step: `take_predictions`, a policy's choice over the free targets
+        (when `wants_choice`), then `commit_chosen`."""
+        tokens = tokens.tolist()
+        free, forced = self.take_predictions(plan, tokens)
+        chosen: list[bool] = []
+        if self.wants_choice(free, forced):
+            chosen = policy.select(confidence[free].clone(), self.steps_left(policy), threshold,
+                                   at_least_one=forced == 0).tolist()
+        return forced + self.commit_chosen(plan, tokens, free, chosen)
+
+    def take_predictions(self, plan: StepPlan, tokens: list[int]) -> tuple[list[int], int]:
+        """Record this step's guesses and commit its forced targets; returns the indices of the
+        free targets (the policy decides those) and the number of forced commits."""
         self.steps_in_block += 1
         free = []
-        committed = 0
+        forced = 0
         for index, target in enumerate(plan.targets):
-            self.guesses[target.position] = int(tokens[index])
+            self.guesses[target.position] = tokens[index]
             if target.forced:
-                self.block[target.position] = int(tokens[index])
-                committed += 1
+                self.block[target.position] = tokens[index]
+                forced += 1
             else:
                 free.append(index)
-        if free and not (committed and self._eos_closed()):
-            # a forced (exact AR) commit already guarantees progress: the rest must earn it
-            chosen = policy.select(confidence[free].clone(), self._steps_left(policy), threshold,
-                                   at_least_one=committed == 0)
-            for pick, index in zip(chosen.tolist(), free):
-                if pick:
-                    self.block[plan.targets[index].position] = int(tokens[index])
-                    committed += 1
+        return free, forced
+
+    def wants_choice(self, free: list[int], forced: int) -> bool:
+        # after a forced (exact AR) commit the rest must earn it; once EOS closed the block, none
+        return bool(free) and not (forced and self._eos_closed())
+
+    def commit_chosen(self, plan: StepPlan, tokens: list[int], free: list[int], chosen: list[bool]) -> int:
+        """Commit the chosen free targets and move the block on; returns how many."""
+        committed = 0
+        for pick, index in zip(chosen, free):
+            if pick:
+                self.block[plan.targets[index].position] = tokens[index]
+                committed += 1
         self._after_commit()
         return committed
 
-    def _steps_left(self, policy) -> int | None:
+    def steps_left(self, policy) -> int | None:
         total = getattr(policy, "steps_per_block", None)
         return None if total is None else max(1, total - self.steps_in_block + 1)
 
@@ -169,11 +189,11 @@ class BlockCausalDecoder(BlockDecoderBase):
             return Segment(tokens, 0, self.cache, end, "blocks", block_size=self.block_size)
         return Segment(tokens, start, self.cache, end, "full")
 
-    def apply(self, plan: StepPlan, tokens: Tensor, confidence: Tensor, policy, threshold: float | None) -> int:
+    def take_predictions(self, plan: StepPlan, tokens: list[int]) -> tuple[list[int], int]:
         if self.unwritten:  # this step's pass wrote them
             self.written += len(self.unwritten)
             self.unwritten = []
-        return super().apply(plan, tokens, confidence, policy, threshold)
+        return super().take_predictions(plan, tokens)
 
     def _after_commit(self) -> None:
         if self.sliding:

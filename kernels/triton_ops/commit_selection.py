@@ -10,10 +10,10 @@ import triton.language as tl
 
 @triton.jit
 def _select_commits_kernel(
-    conf_ptr, masked_ptr, threshold_ptr, commit_ptr, tokens_ptr, candidates_ptr,
+    conf_ptr, masked_ptr, threshold_ptr, force_ptr, commit_ptr, tokens_ptr, candidates_ptr,
     block_len, stride_cr, stride_cb, stride_mr, stride_mb, stride_tr, stride_tb,
     stride_kr, stride_kb,
-    BLOCK_B: tl.constexpr, WRITE_TOKENS: tl.constexpr,
+    BLOCK_B: tl.constexpr, WRITE_TOKENS: tl.constexpr, HAS_FORCE: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_B)
@@ -24,7 +24,12 @@ def _select_commits_kernel(
     best = tl.max(tl.where(masked, conf, float("-inf")), axis=0)
     first_best = tl.min(tl.where(masked & (conf == best), offs, BLOCK_B), axis=0)
     # first_best == BLOCK_B (matches no position) when the row has nothing masked.
-    commit = masked & ((conf >= threshold) | (offs == first_best))
+    pick = first_best
+    if HAS_FORCE:  # 0 none, 1 most confident, 2 first masked (kernels.commit_selection.FORCE_*)
+        force = tl.load(force_ptr + row)
+        first_masked = tl.min(tl.where(masked, offs, BLOCK_B), axis=0)
+        pick = tl.where(force == 2, first_masked, tl.where(force == 1, first_best, BLOCK_B))
+    commit = masked & ((conf >= threshold) | (offs == pick))
     tl.store(commit_ptr + row * block_len + offs, commit, mask=in_block)
     if WRITE_TOKENS:
         token_at = tokens_ptr + row * stride_tr + offs * stride_tb
@@ -34,7 +39,7 @@ def _select_commits_kernel(
 
 
 def _launch(
-    confidence: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor,
+    confidence: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor, force: torch.Tensor | None,
     tokens: torch.Tensor | None, candidates: torch.Tensor | None,
 ) -> torch.Tensor:
     rows, block_len = confidence.shape
@@ -48,17 +53,20 @@ def _launch(
         if write_tokens else (0, 0, 0, 0)
     )
     _select_commits_kernel[(rows,)](
-        confidence, masked, threshold, commit, *token_args,
+        confidence, masked, threshold, force if force is not None else threshold, commit, *token_args,
         block_len, confidence.stride(0), confidence.stride(1), masked.stride(0), masked.stride(1),
         *token_strides,
         BLOCK_B=max(16, triton.next_power_of_2(block_len)), WRITE_TOKENS=write_tokens,
+        HAS_FORCE=force is not None,
     )
     return commit
 
 
-def run_select_commits(confidence: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+def run_select_commits(
+    confidence: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor, force: torch.Tensor | None,
+) -> torch.Tensor:
     """Inputs are already checked by the caller."""
-    return _launch(confidence, masked, threshold, None, None)
+    return _launch(confidence, masked, threshold, force, None, None)
 
 
 def run_commit_tokens_(
@@ -66,4 +74,4 @@ def run_commit_tokens_(
     confidence: torch.Tensor, threshold: torch.Tensor,
 ) -> torch.Tensor:
     """Inputs are already checked by the caller; tokens and masked are updated in place."""
-    return _launch(confidence, masked, threshold, tokens, candidate_tokens)
+    return _launch(confidence, masked, threshold, None, tokens, candidate_tokens)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm_engine.engine import Engine
-from dllm_engine.loading import load_model
+from dllm_engine.loading import UnknownModelError, load_model
 from dllm_engine.request import EngineError, EngineOverloaded, GenerationParams
 
 PROMPTS = ["What is the capital of France?", "Hello there!", "Tell me about diffusion models please."]
@@ -130,3 +130,50 @@ async def test_many_async_readers_do_not_block_each_other(engine):
 
     results = await asyncio.wait_for(asyncio.gather(*(read(p) for p in PROMPTS)), timeout=120)
     assert all(len(r) == 5 for r in results)
+
+
+def test_mixed_policies_in_one_batch_commit_as_they_would_alone(engine):
+    """One step's commit choice is batched (threshold rows through kernels.select_commits);
+    each request must still get exactly what its own policy picks alone."""
+    params = [
+        GenerationParams(max_new_tokens=10, block_size=4, threshold=0.05, stop_at_eos=False),
+        GenerationParams(max_new_tokens=10, block_size=4, threshold=0.9, fallback="most_confident", stop_at_eos=False),
+        GenerationParams(max_new_tokens=10, block_size=4, policy="factor", factor=1.0, stop_at_eos=False),
+        GenerationParams(max_new_tokens=10, block_size=4, policy="fixed_steps", steps_per_block=2, stop_at_eos=False),
+    ]
+    alone = [engine.generate(PROMPTS[i % 3], p).token_ids for i, p in enumerate(params)]
+    handles = [engine.submit(PROMPTS[i % 3], p) for i, p in enumerate(params)]
+    assert [h.result().token_ids for h in handles] == alone
+
+
+def test_a_failed_cache_allocation_ends_only_that_request(engine, monkeypatch):
+    from dllm_engine.models.transformer import KVCache
+
+    real_allocate = KVCache.allocate
+    failures = iter([True])
+
+    def allocate(cache):
+        if next(failures, False):
+            raise RuntimeError("out of memory (injected)")
+        real_allocate(cache)
+
+    monkeypatch.setattr(KVCache, "allocate", allocate)
+    params = GenerationParams(max_new_tokens=4, stop_at_eos=False)
+    failed = engine.generate(PROMPTS[0], params)
+    assert failed.finish_reason == "error" and "could not allocate the KV cache" in failed.error
+    assert engine.generate(PROMPTS[1], params).stats.new_tokens == 4
+    assert engine.live_requests == 0
+
+
+def test_load_reports_an_unknown_model_from_its_loading_thread():
+    with pytest.raises(UnknownModelError, match="unknown model .no-such-model."):
+        Engine.load("no-such-model")
+
+
+def test_dtype_names_resolve_and_an_unknown_one_is_refused():
+    from dllm_engine.engine import resolve_dtype
+
+    assert resolve_dtype("float32") is torch.float32 and resolve_dtype(torch.float16) is torch.float16
+    assert resolve_dtype("auto") in (torch.bfloat16, torch.float32)
+    with pytest.raises(EngineError, match="unknown dtype 'int3'"):
+        resolve_dtype("int3")

@@ -50,8 +50,8 @@ def variants(capability: int):
     for write_tokens in (False, True):
         yield commit_selection._select_commits_kernel, "fp32", 3, {
             "conf_ptr": "*fp32", "masked_ptr": "*i1", "threshold_ptr": "*fp32", "commit_ptr": "*i1",
-            "tokens_ptr": "*i64", "candidates_ptr": "*i64",
-        }, {"BLOCK_B": 64, "WRITE_TOKENS": write_tokens}
+            "force_ptr": "*i64", "tokens_ptr": "*i64", "candidates_ptr": "*i64",
+        }, {"BLOCK_B": 64, "WRITE_TOKENS": write_tokens, "HAS_FORCE": not write_tokens}
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ reference, and the reference against the rule itself."""
 import pytest
 import torch
 
-from kernels import commit_tokens_, select_commits
+from kernels import FORCE_BEST, FORCE_LEFTMOST, FORCE_NONE, commit_tokens_, select_commits
 from kernels.commit_selection import reference, reference_commit_tokens_
 
 BOTH = ["reference", "triton"]
@@ -54,6 +54,33 @@ def test_commit_rule(backend):
         [True, False, True, True],
     ])
     assert torch.equal(select_commits(confidence, masked, threshold, backend=backend), expected)
+
+
+@pytest.mark.parametrize("poisoned_outputs", [True, False], indirect=True)
+@pytest.mark.parametrize("rows,block_len", [(6, 13), (7, 1), (9, 33)])
+def test_triton_matches_reference_with_force(poisoned_outputs, rows, block_len):
+    confidence, masked, threshold = awkward_batch(rows, block_len)
+    force = torch.arange(rows) % 3  # none, best, leftmost in turn
+    assert torch.equal(
+        select_commits(confidence, masked, threshold, force, backend="triton"),
+        reference(confidence, masked, threshold, force),
+    )
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_force_picks_best_leftmost_or_none(backend):
+    confidence = torch.tensor([[0.30, 0.20, 0.50, 0.95]] * 3)
+    masked = torch.tensor([[False, True, True, True]] * 3)
+    threshold = torch.full((3,), 0.9)
+    force = torch.tensor([FORCE_BEST, FORCE_LEFTMOST, FORCE_NONE])
+    expected = torch.tensor([
+        [False, False, False, True],  # best (0.95) is also the only one over the threshold
+        [False, True, False, True],  # plus the first masked position, however unsure
+        [False, False, False, True],  # only what reaches the threshold
+    ])
+    assert torch.equal(select_commits(confidence, masked, threshold, force, backend=backend), expected)
+    low = torch.full((3,), 0.99)  # nothing reaches it: best, leftmost, nothing
+    assert select_commits(confidence, masked, low, force, backend=backend).nonzero().tolist() == [[0, 3], [1, 1]]
 
 
 @pytest.mark.parametrize("backend", BOTH)
@@ -117,6 +144,15 @@ def test_empty_batch(backend):
 def test_bad_inputs_name_the_problem(confidence, masked, threshold, message):
     with pytest.raises(ValueError, match=message):
         select_commits(confidence, masked, threshold)
+
+
+@pytest.mark.parametrize("force,message", [
+    (torch.ones(3, dtype=torch.long), r"force must be \[R\] = \[2\]"),
+    (torch.ones(2), "force must be integer"),
+])
+def test_bad_force_names_the_problem(force, message):
+    with pytest.raises(ValueError, match=message):
+        select_commits(torch.rand(2, 4), torch.ones(2, 4, dtype=torch.bool), torch.rand(2), force)
 
 
 def test_fused_commit_rejects_float_tokens():
