@@ -95,7 +95,7 @@ async def test_spoken_question_gets_a_spoken_answer_through_the_openai_sdk(voice
         assert len(audio) > 24000 * 2 * 0.3, "at least 0.3 s of speech"
         assert {d.response_id for d in deltas} == {done.response.id}
         spoken = client.of_type("response.output_audio_transcript.done")[0].transcript
-        assert spoken.strip()
+        assert "paris" in spoken.lower(), f"the real model's answer: {spoken!r}"  # caught bf16 nonsense
         assert done.response.output[0].content[0].transcript == spoken
         metrics = client.of_type("x_turn.metrics")[0]
         assert metrics.response_id == done.response.id and metrics.speech_stopped_to_first_audio_ms is not None
