@@ -171,7 +171,8 @@ class Engine:
         else:
             decoder = BlockCausalDecoder(
                 **common, adapter=diffusion and self.model.has_adapter,
-                bidirectional_clean_blocks=bool(family and family.bidirectional_clean_blocks) and diffusion)
+                bidirectional_clean_blocks=bool(family and family.bidirectional_clean_blocks) and diffusion,
+                verify_drafts=params.verify_drafts if diffusion else 0)
         threshold = params.threshold if params.threshold is not None else config.default_threshold
         fallback = params.fallback or (family.commit_fallback if family else "most_confident")
         now = self.clock()

@@ -39,6 +39,9 @@ class GenerationParams:
     # when no position reaches the threshold: commit the most confident one, or the leftmost
     # masked one; None: the model family's default
     fallback: Literal["most_confident", "leftmost"] | None = None
+    # sliding-block models: feed this many of the block's current guesses through the causal
+    # cache write, which checks them exactly (speculative verification); 0 turns it off
+    verify_drafts: int = 3
     steps_per_block: int | None = None  # for policy="fixed_steps"
     temperature: float = 0.0  # 0: greedy
     seed: int | None = None
@@ -59,6 +62,8 @@ class GenerationParams:
             raise EngineError(f"temperature must be >= 0, got {self.temperature}")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise EngineError(f"deadline_s must be > 0, got {self.deadline_s}")
+        if not 0 <= self.verify_drafts <= 64:
+            raise EngineError(f"verify_drafts must be in 0..64, got {self.verify_drafts}")
         if self.fallback not in (None, "most_confident", "leftmost"):
             raise EngineError(f"fallback must be most_confident|leftmost, got {self.fallback!r}")
         if self.policy not in ("threshold", "factor", "fixed_steps"):

@@ -9,6 +9,12 @@ step writes the settled prefix of the block, takes the exact autoregressive pred
 first open position from that write, and keeps the block's window B tokens wide. Models whose
 clean blocks are written bidirectionally (SDAR, Fast-dLLM v2) keep fixed, aligned blocks.
 
+Sliding decoders also verify drafts: the cache write carries the block's current guesses for
+its first few open positions after the settled tokens, causally and with the base weights, so
+the row of guess j predicts position j+1 exactly whenever guesses 0..j were right. Each step
+then commits the exact token at the first open position plus one more per leading right
+guess: tokens the autoregressive model would have produced, whatever their confidence.
+
 `FullAttentionDecoder` serves bidirectional models (LLaDA, Dream): semi-autoregressive blocks
 with a dual cache refreshed by one full pass at every block start.
 """
@@ -106,19 +112,30 @@ class BlockDecoderBase:
         return forced + self.commit_chosen(plan, tokens, free, chosen)
 
     def take_predictions(self, plan: StepPlan, tokens: list[int]) -> tuple[list[int], int]:
-        """Record this step's guesses and commit its forced targets; returns the indices of the
-        free targets (the policy decides those) and the number of forced commits."""
+        """Record this step's guesses and commit its exact ones (forced targets, verified
+        drafts); returns the indices of the free targets left for the policy and the number
+        of exact commits. Plans list forced and draft-check targets first, in block order."""
         self.steps_in_block += 1
         free = []
-        forced = 0
+        exact = 0
+        drafts_hold = True
         for index, target in enumerate(plan.targets):
-            self.guesses[target.position] = tokens[index]
+            position = target.position
+            if target.given is not None:
+                drafts_hold = drafts_hold and self.block[position - 1] == target.given
+                if drafts_hold and self.block[position] == self.mask_id:
+                    self.block[position] = self.guesses[position] = tokens[index]
+                    exact += 1
+                continue
+            if self.block[position] != self.mask_id:  # settled by a verified draft this step
+                continue
+            self.guesses[position] = tokens[index]
             if target.forced:
-                self.block[target.position] = tokens[index]
-                forced += 1
+                self.block[position] = tokens[index]
+                exact += 1
             else:
                 free.append(index)
-        return free, forced
+        return free, exact
 
     def wants_choice(self, free: list[int], forced: int) -> bool:
         # after a forced (exact AR) commit the rest must earn it; once EOS closed the block, none
@@ -155,11 +172,12 @@ class BlockDecoderBase:
 
 
 class BlockCausalDecoder(BlockDecoderBase):
-    def __init__(self, *args, adapter: bool, bidirectional_clean_blocks: bool, **kwargs):
+    def __init__(self, *args, adapter: bool, bidirectional_clean_blocks: bool, verify_drafts: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.adapter = adapter
         self.bidirectional_clean_blocks = bidirectional_clean_blocks
         self.sliding = not bidirectional_clean_blocks
+        self.verify_drafts = verify_drafts if self.sliding and self.shift else 0
         self.written = 0  # cache positions [0, written) hold final keys and values
         self.unwritten: list[int] = list(self.prompt_ids)  # to be written by the next step
         self._new_block()
@@ -168,10 +186,13 @@ class BlockCausalDecoder(BlockDecoderBase):
         plan = StepPlan()
         start = self.written
         if self.unwritten:
-            plan.segments.append(self._write_segment(start))
-            start += len(self.unwritten)
+            drafts = self._drafts()
+            plan.segments.append(self._write_segment(start, drafts))
+            start += len(self.unwritten)  # the block's segment overwrites the drafts' cache slots after them
+            last = len(self.unwritten) - 1
             if self.shift and self.block[0] == self.mask_id:  # the AR prediction of the block's first token
-                plan.targets.append(Target(0, len(self.unwritten) - 1, 0, forced=True))
+                plan.targets.append(Target(0, last, 0, forced=True))
+                plan.targets.extend(Target(0, last + 1 + j, j + 1, given=draft) for j, draft in enumerate(drafts))
         needed = [p for p in self.masked_positions() if not (self.shift and p == 0)]
         if needed:
             tokens = torch.tensor(self.block)
@@ -180,9 +201,21 @@ class BlockCausalDecoder(BlockDecoderBase):
             plan.targets.extend(Target(segment, p - 1 if self.shift else p, p) for p in needed)
         return plan
 
-    def _write_segment(self, start: int) -> Segment:
-        tokens = torch.tensor(self.unwritten)
-        end = start + len(self.unwritten)
+    def _drafts(self) -> list[int]:
+        """Guesses for the block's leading open positions worth checking in the cache write:
+        each must have an open position after it, and none may be EOS (nothing follows it)."""
+        drafts = []
+        for position in range(min(self.verify_drafts, len(self.block) - 1)):
+            guess = self.guesses[position]
+            if (self.block[position] != self.mask_id or self.block[position + 1] != self.mask_id
+                    or guess == self.mask_id or guess in self.eos_ids):
+                break
+            drafts.append(guess)
+        return drafts
+
+    def _write_segment(self, start: int, drafts: list[int]) -> Segment:
+        tokens = torch.tensor(self.unwritten + drafts)
+        end = start + len(tokens)
         if not self.bidirectional_clean_blocks:
             return Segment(tokens, start, self.cache, end, "causal")
         if start == 0:  # the prompt, in blocks counted from its first token

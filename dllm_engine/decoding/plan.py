@@ -14,6 +14,9 @@ class Target:
     row: int  # row inside that segment whose logits predict...
     position: int  # ...this position of the current block
     forced: bool = False  # commit whatever the confidence (an exact autoregressive prediction)
+    # a draft check: this row's input at position-1 was the draft token `given`; when the
+    # tokens settled up to there match every draft fed so far, the prediction is exact
+    given: int | None = None
 
 
 @dataclass

@@ -98,12 +98,13 @@ def test_updates_stream_a_growing_settled_prefix(engine):
 MASK, EOS = 99, 2
 
 
-def _decoder(block_size=4, max_new_tokens=8, stop_at_eos=True):
+def _decoder(block_size=4, max_new_tokens=8, stop_at_eos=True, verify_drafts=0):
     config = ModelConfig(
         family="llama_bd", vocab_size=100, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
         num_kv_heads=1, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=64)
     return BlockCausalDecoder([5, 6, 7], KVCache(config, 32, torch.float32), block_size, max_new_tokens, MASK, {EOS},
-                              True, stop_at_eos, adapter=True, bidirectional_clean_blocks=False)
+                              True, stop_at_eos, adapter=True, bidirectional_clean_blocks=False,
+                              verify_drafts=verify_drafts)
 
 
 def _step(decoder, predictions: dict[int, tuple[int, float]], policy=ThresholdPolicy(0.9)):
@@ -124,6 +125,47 @@ def test_first_step_writes_the_prompt_and_denoises_the_block_in_one_pass():
     assert decoder.settled_ids() == [10, 11] and decoder.draft_ids() == [10, 11, 12, 13]
     nxt = decoder.plan()
     assert nxt.segments[0].tokens.tolist() == [10, 11] and nxt.segments[0].start == 3
+
+
+def _step_with_checks(decoder, predictions: dict[int, tuple[int, float]], checked: dict[int, int]):
+    """Like _step, but draft-check targets predict `checked[position]` (the causal rows' exact
+    token there), while the block's own rows predict `predictions`."""
+    plan: StepPlan = decoder.plan()
+    tokens = [checked[t.position] if t.given is not None else predictions[t.position][0] for t in plan.targets]
+    confidence = [1.0 if t.given is not None else predictions[t.position][1] for t in plan.targets]
+    return plan, decoder.apply(plan, torch.tensor(tokens), torch.tensor(confidence), ThresholdPolicy(0.9), None)
+
+
+def test_drafts_ride_the_cache_write_and_commit_exact_tokens_while_they_hold():
+    decoder = _decoder(verify_drafts=2)
+    _step(decoder, {0: (10, 0.1), 1: (11, 0.2), 2: (12, 0.2), 3: (13, 0.3)})
+    assert decoder.reply == [10] and decoder.guesses == [11, 12, 13, MASK]
+    plan = decoder.plan()
+    assert plan.segments[0].tokens.tolist() == [10, 11, 12]  # the settled token, then two drafts
+    assert plan.segments[1].start == 4  # the block overwrites the drafts' cache slots afterwards
+    checks = [(t.row, t.position, t.given) for t in plan.targets if t.given is not None]
+    assert checks == [(1, 1, 11), (2, 2, 12)]
+    # the AR token at position 0 is 11 = draft 0, so position 1's check is exact (12 = draft 1: so is 2's)
+    _, committed = _step_with_checks(decoder, {0: (11, 0.1), 1: (40, 0.3), 2: (41, 0.3), 3: (42, 0.3)},
+                                     checked={1: 12, 2: 30})
+    assert committed == 3 and decoder.reply == [10, 11, 12, 30]
+
+
+def test_a_wrong_draft_stops_the_checks_after_it():
+    decoder = _decoder(verify_drafts=2)
+    _step(decoder, {0: (10, 0.1), 1: (11, 0.2), 2: (12, 0.2), 3: (13, 0.3)})
+    # the AR token at position 0 is 15, not draft 11: nothing after it was checked against the truth
+    _, committed = _step_with_checks(decoder, {0: (15, 0.1), 1: (40, 0.3), 2: (41, 0.3), 3: (42, 0.95)},
+                                     checked={1: 12, 2: 30})
+    assert committed == 2 and decoder.reply == [10, 15]
+    assert decoder.block == [MASK, MASK, 42, MASK]  # the block's own confident guess still commits
+
+
+def test_no_drafts_without_guesses_or_past_an_eos_guess():
+    decoder = _decoder(verify_drafts=3)
+    assert decoder.plan().segments[0].tokens.tolist() == [5, 6, 7]  # first step: no guesses yet
+    _step(decoder, {0: (10, 0.1), 1: (EOS, 0.2), 2: (12, 0.2), 3: (13, 0.3)})
+    assert decoder.plan().segments[0].tokens.tolist() == [10]  # an EOS guess has nothing after it to check
 
 
 def test_eos_ends_the_reply_once_everything_before_it_is_committed():
@@ -202,12 +244,12 @@ def test_deadline_in_the_engine_reports_whether_it_was_met(tiny_bd):
     engine = Engine(tiny_bd, clock=clock)
     try:
         on_time = engine.generate(PROMPT, GenerationParams(max_new_tokens=8, block_size=4, deadline_s=5.0,
-                                                           threshold=1.0, stop_at_eos=False))
+                                                           threshold=1.0, stop_at_eos=False, verify_drafts=0))
         assert on_time.stats.deadline_met is True  # the clock never moved
         assert on_time.stats.forward_passes == 8  # threshold 1: only the exact AR commit each pass
         clock.tick = 0.3  # every reading of the clock now costs 0.3 s: the 0.5 s budget is soon spent
         late = engine.generate(PROMPT, GenerationParams(max_new_tokens=8, block_size=4, deadline_s=0.5,
-                                                        threshold=1.0, stop_at_eos=False))
+                                                        threshold=1.0, stop_at_eos=False, verify_drafts=0))
         assert late.stats.deadline_met is False
         assert late.stats.new_tokens == 8
         assert late.stats.forward_passes < on_time.stats.forward_passes  # the threshold was lowered

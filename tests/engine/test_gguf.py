@@ -200,3 +200,23 @@ def test_bf16_engine_answers_paris(mode):
     finally:
         engine.close()
     assert "Paris" in reply, reply
+
+
+@pytest.mark.slow
+def test_checked_drafts_keep_the_reply_exactly_autoregressive_in_fewer_passes():
+    """Threshold 1: nothing but exact tokens commits (the AR token at the block's first open
+    position, and drafts the causal cache write confirmed), so the reply must equal greedy
+    autoregressive decoding token for token; the confirmed drafts make it take fewer passes."""
+    from dllm_engine.engine import Engine
+    from dllm_engine.request import GenerationParams
+
+    engine = Engine.load("smollm2-135m-bd", dtype="float32")
+    try:
+        prompt = [{"role": "user", "content": "Tell me about the moon."}]
+        greedy = engine.generate(prompt, GenerationParams(mode="autoregressive", max_new_tokens=40))
+        checked = engine.generate(prompt, GenerationParams(mode="diffusion", threshold=1.0, verify_drafts=3,
+                                                           max_new_tokens=40))
+    finally:
+        engine.close()
+    assert checked.token_ids == greedy.token_ids
+    assert checked.stats.forward_passes < greedy.stats.forward_passes
