@@ -63,7 +63,7 @@ class PendingStep:
     plan: StepPlan
     tokens: list[int]
     free: list[int]
-    forced: int
+    exact: int  # commits already made: forced AR tokens and verified drafts
     choice: Choice | None = None  # None: nothing left for the policy to decide
 
 
@@ -280,26 +280,26 @@ class Engine:
         return tokens, confidence
 
     def _take_predictions(self, request: LiveRequest, plan: StepPlan, tokens: torch.Tensor,
-                          confidence: torch.Tensor) -> "PendingStep":
+                          confidence: torch.Tensor) -> PendingStep:
         decoder, stats = request.decoder, request.stats
         tokens = tokens.tolist()
-        free, forced = decoder.take_predictions(plan, tokens)
-        step = PendingStep(request, plan, tokens, free, forced)
+        free, exact = decoder.take_predictions(plan, tokens)
+        step = PendingStep(request, plan, tokens, free, exact)
         if request.deadline is not None:
             request.deadline.record_step()
-        if decoder.wants_choice(free, forced):
+        if decoder.wants_choice(free, exact):
             threshold = None
             if request.deadline is not None:
                 pace = request.committed_in_denoise / max(1, stats.denoise_steps)
                 threshold = request.deadline.threshold(decoder.tokens_left(), pace if stats.denoise_steps else 2.0)
             step.choice = Choice(request.policy, confidence[free], threshold, decoder.steps_left(request.policy),
-                                 at_least_one=forced == 0)
+                                 at_least_one=exact == 0)
         return step
 
-    def _commit(self, step: "PendingStep", chosen: list[bool]) -> None:
+    def _commit(self, step: PendingStep, chosen: list[bool]) -> None:
         request = step.request
         decoder, stats = request.decoder, request.stats
-        committed = step.forced + decoder.commit_chosen(step.plan, step.tokens, step.free, chosen)
+        committed = step.exact + decoder.commit_chosen(step.plan, step.tokens, step.free, chosen)
         stats.forward_passes += 1
         stats.denoise_steps += 1
         request.committed_in_denoise += committed

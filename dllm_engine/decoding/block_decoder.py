@@ -104,12 +104,12 @@ class BlockDecoderBase:
         every request of a step: `take_predictions`, a policy's choice over the free targets
         (when `wants_choice`), then `commit_chosen`."""
         tokens = tokens.tolist()
-        free, forced = self.take_predictions(plan, tokens)
+        free, exact = self.take_predictions(plan, tokens)
         chosen: list[bool] = []
-        if self.wants_choice(free, forced):
+        if self.wants_choice(free, exact):
             chosen = policy.select(confidence[free].clone(), self.steps_left(policy), threshold,
-                                   at_least_one=forced == 0).tolist()
-        return forced + self.commit_chosen(plan, tokens, free, chosen)
+                                   at_least_one=exact == 0).tolist()
+        return exact + self.commit_chosen(plan, tokens, free, chosen)
 
     def take_predictions(self, plan: StepPlan, tokens: list[int]) -> tuple[list[int], int]:
         """Record this step's guesses and commit its exact ones (forced targets, verified
@@ -137,9 +137,9 @@ class BlockDecoderBase:
                 free.append(index)
         return free, exact
 
-    def wants_choice(self, free: list[int], forced: int) -> bool:
-        # after a forced (exact AR) commit the rest must earn it; once EOS closed the block, none
-        return bool(free) and not (forced and self._eos_closed())
+    def wants_choice(self, free: list[int], exact: int) -> bool:
+        # after an exact commit the rest must earn it; once EOS closed the block, none
+        return bool(free) and not (exact and self._eos_closed())
 
     def commit_chosen(self, plan: StepPlan, tokens: list[int], free: list[int], chosen: list[bool]) -> int:
         """Commit the chosen free targets and move the block on; returns how many."""
