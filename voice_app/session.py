@@ -262,8 +262,8 @@ class Session:
         reply_tokens = (self.max_output_tokens if options.max_output_tokens is None
                         else self._reply_tokens(options.max_output_tokens))
         self._drop_speculation()
-        response = self._start_response(self.conversation.messages(instructions), audio_out, reply_tokens,
-                                        event.event_id)
+        messages = self.conversation.messages(self._system_prompt(instructions))
+        response = self._start_response(messages, audio_out, reply_tokens, event.event_id)
         await self._activate(response, TurnClock())
 
     async def _on_response_cancel(self, event: p.ResponseCancel) -> None:
@@ -353,12 +353,21 @@ class Session:
         if turn is self._turn:
             self._speculate(turn, text)
 
+    def _system_prompt(self, instructions: str) -> str:
+        """The session's instructions, after the server's spoken-style defaults unless they
+        already begin with them, are empty (the client wants no system prompt) or the
+        setting is off."""
+        base = self.settings.instructions
+        if not self.settings.keep_spoken_style or not instructions or instructions.startswith(base):
+            return instructions
+        return f"{base} {instructions}"
+
     def _speculate(self, turn: UserTurn, text: str) -> None:
         """Drafts a reply to what the user has said so far; a newer transcript redrafts."""
         if not text.strip() or (self._speculation is not None and self._speculation.source_text == text):
             return
         self._drop_speculation()
-        messages = self.conversation.messages(self.instructions, pending_user_text=text)
+        messages = self.conversation.messages(self._system_prompt(self.instructions), pending_user_text=text)
         try:
             self._speculation = self._start_response(messages, self.audio_out, self.max_output_tokens, None, text)
         except p.ProtocolError as error:  # it will fail again at end of turn, and be reported then
@@ -406,7 +415,7 @@ class Session:
         await self._respond_to_turn(clock)
 
     async def _respond_to_turn(self, clock: TurnClock) -> None:
-        messages = self.conversation.messages(self.instructions)
+        messages = self.conversation.messages(self._system_prompt(self.instructions))
         speculation, self._speculation = self._speculation, None
         if speculation is not None and not speculation.cancelled and speculation.prompt_messages == messages:
             log.info("session %s: reusing the speculative draft %s", self.id, speculation.id)

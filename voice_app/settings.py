@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     max_sessions: int = Field(8, ge=1)
     max_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     instructions: str = DEFAULT_INSTRUCTIONS
+    # put these default instructions before a client's own: replies are spoken whatever the
+    # client asks, and SmolLM2-135M drifts off task (even into French) under short system
+    # prompts like "Answer briefly." but not after them (measured on a dozen prompts)
+    keep_spoken_style: bool = True
 
     # turn taking (server_vad semantics; session.update may change them per session)
     vad_threshold: float = Field(0.5, gt=0.0, lt=1.0)

@@ -14,7 +14,6 @@ import websockets
 from openai import AsyncOpenAI
 
 from tests.voice.session_driver import CHUNK, silence
-from voice_app.settings import DEFAULT_INSTRUCTIONS
 
 pytestmark = pytest.mark.slow
 
@@ -81,9 +80,9 @@ class SdkClient:
 
 async def test_spoken_question_gets_a_spoken_answer_through_the_openai_sdk(voice_server, test_audio):
     async with SdkClient(voice_server) as client:
-        # our own instructions, echoed back; a bare "Answer briefly." derails the 135M model
-        # (it answers in broken French, in fp32 too), so they extend the default persona
-        instructions = DEFAULT_INSTRUCTIONS + " Keep it short."
+        # a bare "Answer briefly." as the whole system prompt derails the 135M model (broken
+        # French, fp32 too); the server puts its spoken-style defaults first (keep_spoken_style)
+        instructions = "Answer briefly."
         await client.conn.session.update(session={"type": "realtime", "instructions": instructions,
                                                   "output_modalities": ["audio"]})
         await client.speak(np.concatenate([silence(0.3), test_audio["question"], silence(1.0)]))

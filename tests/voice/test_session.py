@@ -12,7 +12,7 @@ from tests.voice.scripted_engine import ScriptedEngine
 from tests.voice.session_driver import EventLog, silence, stream_audio
 from voice_app.loaded_models import LoadedModels
 from voice_app.session import Session
-from voice_app.settings import Settings
+from voice_app.settings import DEFAULT_INSTRUCTIONS, Settings
 
 pytestmark = pytest.mark.slow
 
@@ -248,3 +248,25 @@ def test_speech_speed_from_session_update_reaches_piper(speech_models):
     fast = len(synthesizer.synthesize_blocking("The capital of France is Paris.", speed=2.0))
     assert fast < normal * 0.75
     synthesizer.synthesize_blocking("...")  # punctuation alone must not raise
+
+
+@pytest.mark.parametrize("keep_spoken_style,instructions,expected", [
+    (True, "You are Jarvis.", DEFAULT_INSTRUCTIONS + " You are Jarvis."),
+    (True, DEFAULT_INSTRUCTIONS + " Be terse.", DEFAULT_INSTRUCTIONS + " Be terse."),  # not twice
+    (True, "", None),  # the client asked for no system prompt
+    (False, "You are Jarvis.", "You are Jarvis."),
+])
+async def test_client_instructions_follow_the_spoken_style_defaults(speech_models, keep_spoken_style, instructions,
+                                                                    expected):
+    engine = ScriptedEngine()
+    session, log = make_session(speech_models, engine, keep_spoken_style=keep_spoken_style)
+    await session.handle_text(json.dumps({"type": "session.update",
+                                          "session": {"type": "realtime", "instructions": instructions}}))
+    await session.handle_text(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello there."}]}}))
+    await session.handle_text(json.dumps({"type": "response.create"}))
+    await log.wait_for(lambda e: e["type"] == "response.done")
+    system = [m["content"] for m in engine.submitted[-1] if m["role"] == "system"]
+    assert system == ([expected] if expected is not None else [])
+    assert log.of_type("session.updated")[0]["session"]["instructions"] == instructions  # echoed as given
+    await session.close()
