@@ -79,7 +79,7 @@ def measure(engine, mode: str, prompts: list[str], max_new_tokens: int, block_si
 def run_bench(args) -> int:
     from dllm_engine.engine import Engine
 
-    engine = Engine.load(args.model, dtype=args.dtype, download=args.download)
+    engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device)
     prompts = BENCH_PROMPTS[: max(1, args.prompts)]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     modes = ["diffusion", "autoregressive"] if engine.config.is_diffusion else ["autoregressive"]
@@ -91,7 +91,8 @@ def run_bench(args) -> int:
     report = {
         "model": engine.model_name, "dtype": str(engine.cache_dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "max_new_tokens": args.max_new_tokens,
+        "machine": (f"{platform.machine()}, {torch.get_num_threads()} threads" if engine.device.type == "cpu"
+                    else torch.cuda.get_device_name(engine.device)), "max_new_tokens": args.max_new_tokens,
         "block_size": args.block_size or engine.config.block_size, "threshold": args.threshold or engine.config.default_threshold,
         "prompts": len(prompts), "results": results,
     }

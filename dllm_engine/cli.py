@@ -18,6 +18,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"registered name, .gguf file, HF dir or hub id (default {DEFAULT_MODEL})")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="weights and cache dtype (auto: bfloat16 where the CPU/GPU has native bf16 matmuls)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda when there is one)")
     parser.add_argument("--download", action="store_true", help="allow fetching a hub id that is not cached (online only)")
 
 
@@ -48,7 +49,7 @@ def _stats_line(stats) -> str:
 def _load_engine(args):
     from dllm_engine.engine import Engine
 
-    return Engine.load(args.model, dtype=args.dtype, download=args.download)
+    return Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device)
 
 
 def cmd_generate(args) -> int:

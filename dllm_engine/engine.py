@@ -78,6 +78,7 @@ class Engine:
         self.max_cached_tokens = max_cached_tokens
         self.clock = clock
         self.cache_dtype = cache_dtype or self.model.embed_tokens.dtype
+        self.device = self.model.embed_tokens.device
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
         self._incoming: list[LiveRequest] = []
@@ -89,10 +90,17 @@ class Engine:
 
     @classmethod
     def load(cls, name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | str = "auto", download: bool = False,
-             **kwargs) -> "Engine":
-        dtype = resolve_dtype(dtype)
+             device: torch.device | str = "auto", **kwargs) -> "Engine":
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+
+        def load() -> LoadedModel:
+            loaded = load_model(name_or_path, dtype=dtype, download=download)
+            loaded.model.to(device)
+            return loaded
+
         # on a short-lived thread, whose OpenMP pool dies with it (see the module docstring)
-        return cls(_on_fresh_thread(load_model, name_or_path, dtype=dtype, download=download), **kwargs)
+        return cls(_on_fresh_thread(load), **kwargs)
 
     # ---- public API ------------------------------------------------------------------------
     @property
@@ -161,7 +169,7 @@ class Engine:
         if total > config.max_position_embeddings:
             raise EngineError(f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
                               f"model's context of {config.max_position_embeddings} tokens")
-        cache = KVCache(config, total, self.cache_dtype, allocate=False)  # on the scheduler
+        cache = KVCache(config, total, self.cache_dtype, self.device, allocate=False)  # on the scheduler
         family = FAMILIES.get(config.family)
         common = dict(prompt_ids=ids, cache=cache, block_size=block, max_new_tokens=params.max_new_tokens,
                       mask_id=config.mask_token_id if config.mask_token_id is not None else _NO_MASK,
@@ -226,12 +234,13 @@ class Engine:
                 self._finish(request, "error", error=f"{type(exc).__name__}: {exc}")
             return
         self.forward_passes += 1
+        token_ids = tokens.tolist()  # one host read for the batch (a device sync on a GPU)
         steps = []
         offset = 0
         for request, plan in zip(batch, plans):
             rows = slice(offset, offset + len(plan.targets))
             offset = rows.stop
-            step = self._guarded(request, self._take_predictions, request, plan, tokens[rows], confidence[rows])
+            step = self._guarded(request, self._take_predictions, request, plan, token_ids[rows], confidence[rows])
             if step is not None:
                 steps.append(step)
         try:
@@ -266,7 +275,7 @@ class Engine:
             rows.extend(starts[t.segment] + t.row for t in plan.targets)
         with torch.inference_mode():
             hidden = self.model.forward_segments(segments)
-            predicting = hidden[torch.tensor(rows, dtype=torch.long)]
+            predicting = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
             # greedy: argmax and its probability straight from the head, no [rows, vocab] softmax kept
             tokens, confidence, _ = confidence_head(predicting, self.model.output_weight)
             offset = 0
@@ -279,10 +288,9 @@ class Engine:
                 offset += count
         return tokens, confidence
 
-    def _take_predictions(self, request: LiveRequest, plan: StepPlan, tokens: torch.Tensor,
+    def _take_predictions(self, request: LiveRequest, plan: StepPlan, tokens: list[int],
                           confidence: torch.Tensor) -> PendingStep:
         decoder, stats = request.decoder, request.stats
-        tokens = tokens.tolist()
         free, exact = decoder.take_predictions(plan, tokens)
         step = PendingStep(request, plan, tokens, free, exact)
         if request.deadline is not None:
@@ -335,14 +343,29 @@ class Engine:
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
-def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+def resolve_device(device: torch.device | str) -> torch.device:
+    """"auto" is the first CUDA device when there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except RuntimeError as exc:
+        raise EngineError(f"unknown device {device!r}: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError(f"device {str(device)!r} is not available: this torch sees no CUDA device")
+    if device.type not in ("cpu", "cuda"):
+        raise EngineError(f"device {str(device)!r} is not supported: use cpu or cuda")
+    return device
+
+
+def resolve_dtype(dtype: torch.dtype | str, device: torch.device = torch.device("cpu")) -> torch.dtype:
     """A dtype or its name; "auto" is bfloat16 where matmuls run natively in it (CUDA, or a CPU
     with avx512_bf16 / AMX: 1.7-2x faster than float32 here, measured with `dllm bench`), else
     float32 (emulated bf16 is slower than float32)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() or _cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or _cpu_has_native_bf16() else torch.float32
     if dtype not in DTYPES:
         raise EngineError(f"unknown dtype {dtype!r}; known: auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]

@@ -22,12 +22,13 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """Flags every mode that loads models shares; they map onto Settings fields."""
     parser.add_argument("--engine-model", help="engine model name (default: smollm2-135m-bd)")
     parser.add_argument("--engine-mode", choices=["diffusion", "autoregressive"])
+    parser.add_argument("--engine-device", help="cpu, cuda, cuda:N (default auto: cuda when there is one)")
     parser.add_argument("--max-new-tokens", type=int, help="reply length cap in tokens")
     parser.add_argument("--reply-deadline-s", type=float,
                         help="time budget for a whole reply; the engine commits more tokens a step when late")
     parser.add_argument("--whisper-model", help="faster-whisper model name or CTranslate2 directory")
     parser.add_argument("--piper-voice", help="Piper voice .onnx file")
-    parser.add_argument("--instructions", help="system prompt replacing the default")
+    parser.add_argument("--instructions", help="the default instructions (spoken-style system prompt)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
 

@@ -31,7 +31,7 @@ class LoadedModels:
         if engine is None:
             from dllm_engine.engine import Engine
 
-            engine = Engine.load(settings.engine_model)
+            engine = Engine.load(settings.engine_model, device=settings.engine_device)
         transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type,
                                   settings.whisper_cpu_threads, settings.asr_workers)
         synthesizer = Synthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers)

@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     # models
     engine_model: str = "smollm2-135m-bd"
     engine_mode: Literal["diffusion", "autoregressive"] = "diffusion"
+    engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: cuda when there is one
     max_new_tokens: int = Field(64, ge=1, le=1024)
     reply_deadline_s: float | None = Field(None, gt=0)
     whisper_model: str = Field(default_factory=default_whisper_model)

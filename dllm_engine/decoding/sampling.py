@@ -15,7 +15,8 @@ def pick_tokens(logits: Tensor, temperature: float, generator: torch.Generator |
         confidence, token = probs.max(dim=-1)
         return token, confidence
     scaled = logits.double() / temperature
-    noise = torch.rand(scaled.shape, generator=generator, dtype=torch.float64)
+    # drawn on the host: the same seed samples the same tokens on every device
+    noise = torch.rand(scaled.shape, generator=generator, dtype=torch.float64).to(scaled.device)
     token = (scaled - torch.log(-torch.log(noise.clamp_min(1e-300)))).argmax(dim=-1)
     probs = torch.softmax(scaled, dim=-1)
     return token, probs.gather(-1, token.unsqueeze(-1)).squeeze(-1).float()

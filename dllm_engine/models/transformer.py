@@ -149,16 +149,19 @@ class Transformer(nn.Module):
     # ---- the engine's packed pass -------------------------------------------------------
     def forward_segments(self, segments: list[Segment]) -> Tensor:
         """Run packed segments; returns final-normed hidden states [N, hidden] in order."""
-        tokens = torch.cat([s.tokens for s in segments])
-        positions = torch.cat([torch.arange(s.start, s.start + s.tokens.numel()) for s in segments])
+        # plans are built on the host; everything the pass needs moves to the weights' device once
+        device = self.embed_tokens.device
+        tokens = torch.cat([s.tokens for s in segments]).to(device, non_blocking=True)
+        positions = torch.cat([torch.arange(s.start, s.start + s.tokens.numel()) for s in segments]).to(device)
         gate = None  # the packed rows the adapter acts on, as indices
         if self.has_adapter and any(s.adapter for s in segments):
             offsets = itertools.accumulate((s.tokens.numel() for s in segments), initial=0)
             gate = torch.cat([torch.arange(o, o + s.tokens.numel()) for o, s in zip(offsets, segments) if s.adapter])
+            gate = gate.to(device)
         x = self.embed(tokens)
         cos, sin = self.rope.tables(positions, x.dtype)
-        masks = [_visibility_mask(s) for s in segments]
-        block_prefixes = [_block_prefix(s) for s in segments]
+        masks = [None if m is None else m.to(device) for m in map(_visibility_mask, segments)]
+        block_prefixes = [None if p is None else p.to(device) for p in map(_block_prefix, segments)]
         for index, layer in enumerate(self.layers):
             q, k, v = layer.project_qkv(x, cos, sin, gate)
             outputs, offset = [], 0
@@ -219,6 +222,6 @@ def _attend_cached(layer: int, segment: Segment, mask: Tensor | None, block_pref
     cache.v[layer, :, start:start + n] = v.transpose(0, 1)
     if block_prefix is not None:
         out = block_attention(q.transpose(0, 1).unsqueeze(0), cache.k[layer].unsqueeze(0),
-                              cache.v[layer].unsqueeze(0), block_prefix.to(q.device))
+                              cache.v[layer].unsqueeze(0), block_prefix)
         return out[0].transpose(0, 1).reshape(n, -1)
     return grouped_attention(q, cache.k[layer, :, : segment.attend_len], cache.v[layer, :, : segment.attend_len], mask)

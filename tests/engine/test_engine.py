@@ -177,3 +177,15 @@ def test_dtype_names_resolve_and_an_unknown_one_is_refused():
     assert resolve_dtype("auto") in (torch.bfloat16, torch.float32)
     with pytest.raises(EngineError, match="unknown dtype 'int3'"):
         resolve_dtype("int3")
+
+
+def test_devices_resolve_and_a_missing_one_is_refused():
+    from dllm_engine.engine import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(EngineError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineError, match="device 'cuda' is not available"):
+            Engine.load("smollm2-135m", device="cuda")
