@@ -48,12 +48,14 @@ def correct(answer: str, keywords: list[str]) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-bd")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--eval-prompts", type=int, default=100)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--thresholds", default="0.9", help="comma-separated; the first is reported as the default")
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--verify-drafts", type=int, default=GenerationParams.verify_drafts,
+                        help="drafts the cache write checks each step (0: off)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args()
 
@@ -64,12 +66,13 @@ def main() -> None:
 
     def params(mode: str, threshold: float | None = None) -> GenerationParams:
         return GenerationParams(mode=mode, max_new_tokens=args.max_new_tokens, threshold=threshold,
-                                block_size=args.block_size)
+                                block_size=args.block_size, verify_drafts=args.verify_drafts)
 
     t0 = time.monotonic()
     ar = run_all(engine, held_out + sanity, params("autoregressive"), args.concurrency)
     ar_held, ar_sanity = ar[:len(held_out)], ar[len(held_out):]
-    report = {"model": args.model, "dtype": args.dtype, "eval_prompts": len(held_out),
+    report = {"model": args.model, "dtype": str(engine.cache_dtype).removeprefix("torch."),
+              "verify_drafts": args.verify_drafts, "eval_prompts": len(held_out),
               "block_size": args.block_size or engine.config.block_size, "max_new_tokens": args.max_new_tokens,
               "sanity_questions": len(sanity),
               "ar_sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(ar_sanity, SANITY_QUESTIONS)) / len(sanity),

@@ -27,7 +27,9 @@ from dllm_engine.loading import load_model  # noqa: E402
 from dllm_engine.loading.registry import ADAPTER_DIR, make_block_diffusion  # noqa: E402
 from dllm_engine.training.distill import distill  # noqa: E402
 from dllm_engine.training.prompts import voice_prompts  # noqa: E402
-from dllm_engine.training.trainer import TrainConfig, export_adapter, load_checkpoint, train  # noqa: E402
+from dllm_engine.training.trainer import (  # noqa: E402
+    DEFAULT_THRESHOLD, TrainConfig, export_adapter, load_checkpoint, train,
+)
 
 
 def main() -> None:
@@ -70,7 +72,8 @@ def main() -> None:
                          batch_size=args.batch_size, lr=args.lr, max_steps=args.max_steps,
                          minutes=args.minutes, seed=args.seed)
     loaded = load_model("smollm2-135m", dtype=torch.bfloat16)
-    make_block_diffusion(loaded, config.rank, config.alpha, config.block_size, 0.9, adapter_dtype=torch.float32)
+    make_block_diffusion(loaded, config.rank, config.alpha, config.block_size, DEFAULT_THRESHOLD,
+                         adapter_dtype=torch.float32)
     if args.stage == "export":
         history = load_checkpoint(loaded, args.run_dir / "checkpoint.pt")
     else:

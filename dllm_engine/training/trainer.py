@@ -20,6 +20,12 @@ from dllm_engine.training.objective import loss_on, make_batch
 log = logging.getLogger(__name__)
 
 
+# the shipped model's commit threshold: with drafts checked by the cache write, 0.97 kept
+# 1.40 tokens/pass (0.9: 1.43) and raised exact match with AR from 25% to 47% and sanity
+# accuracy from 63% to 70% (scripts/eval_model.py, 60 held-out prompts, bf16; docs/models.md)
+DEFAULT_THRESHOLD = 0.97
+
+
 @dataclass
 class TrainConfig:
     block_size: int = 16
@@ -117,7 +123,7 @@ def export_adapter(loaded: LoadedModel, config: TrainConfig, path: Path, extra: 
     tensors = {n: p.detach().to(torch.float16).contiguous() for n, p in trainable_parameters(loaded.model).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))
-    meta = {"rank": config.rank, "alpha": config.alpha, "block_size": config.block_size, "threshold": 0.9,
+    meta = {"rank": config.rank, "alpha": config.alpha, "block_size": config.block_size, "threshold": DEFAULT_THRESHOLD,
             "base": "smollm2-135m", "train_config": asdict(config), **extra}
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     return path.stat().st_size
