@@ -16,6 +16,7 @@ const voiceStats = {
   queuedSamples: 0, // assistant audio waiting in the playback buffer
   turns: 0, // assistant replies started
   interruptions: 0,
+  lastTruncateMs: null, // audio_end_ms of the page's last conversation.item.truncate (exact, from the player)
   lastLatencyMs: null, // end of user speech (as the page learns it) -> first reply audio played
   lastServerLatencyMs: null, // the server's own speech_stopped_to_first_audio_ms
   lastTokensPerForward: null,
@@ -357,17 +358,16 @@ class VoicePage {
   truncate(itemId, playedSamples) {
     if (this.truncatedItems.has(itemId)) return;
     this.truncatedItems.add(itemId);
-    this.connection.send({
-      type: "conversation.item.truncate",
-      item_id: itemId,
-      content_index: 0,
-      audio_end_ms: Math.floor((playedSamples * 1000) / WIRE_RATE),
-    });
+    const audioEndMs = Math.floor((playedSamples * 1000) / WIRE_RATE);
+    voiceStats.lastTruncateMs = audioEndMs;
+    this.connection.send({ type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: audioEndMs });
   }
 
   onItemTruncated(event) {
     const reply = this.replyForItem(event.item_id);
     if (!reply) return;
+    // The server may truncate first with its own estimate (wall clock since the first audio it
+    // sent; it cannot see this page's buffer), then confirms the page's exact count: last wins.
     reply.heardMs = event.audio_end_ms; // the server now keeps only what was heard
     this.view.renderReply(reply);
   }

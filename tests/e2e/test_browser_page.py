@@ -132,12 +132,16 @@ def test_talking_over_the_reply_clears_playback_and_marks_it_interrupted(open_pa
     wait_for_state(page, "user-speaking")
 
     reply = last(page, "assistant-transcript")
+    # marked once the player has answered the page's clear (a round trip to the audio thread)
+    page.wait_for_function("window.voiceStats.interruptions === 1", timeout=10_000)
     assert reply.get_attribute("data-interrupted") == "true"
     page.wait_for_function("window.voiceStats.queuedSamples === 0", timeout=10_000)
-    # The page told the server how much of the reply was heard, and the server confirmed.
+    # The page told the server how much of the reply was heard, and the server confirmed it (the
+    # server's own earlier estimate, which cannot see the page's buffer, may show first).
     page.wait_for_function(
-        "document.querySelector('[data-role=\"assistant-transcript\"][data-interrupted=\"true\"]')"
-        ".dataset.heardMs !== undefined", timeout=10_000)
+        "window.voiceStats.lastTruncateMs !== null && document.querySelector("
+        "'[data-role=\"assistant-transcript\"][data-interrupted=\"true\"]')"
+        ".dataset.heardMs === String(window.voiceStats.lastTruncateMs)", timeout=10_000)
     heard_ms = int(reply.get_attribute("data-heard-ms"))
     assert 0 < heard_ms <= stats(page)["samplesPlayed"] * 1000 // 24000
     after = stats(page)
