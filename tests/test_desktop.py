@@ -300,6 +300,8 @@ def test_the_assistant_does_not_interrupt_itself_but_a_person_can(echoing_room, 
         speak_into_room(echoing_room, "story").wait(timeout=60)
         # The reply plays through the echoing room and must run to its end on its own.
         wait_for_speech_then_silence(recorder, REPLY_TIMEOUT_S, silence_s=1.5)
+        # a slow sentence can leave 1.5 s of silence mid-reply: the reply's line marks its end
+        desktop.wait_for_line(lambda line: line.startswith("assistant: "), REPLY_TIMEOUT_S)
         first_reply_lines = list(desktop.lines)
         speak_into_room(echoing_room, "story").wait(timeout=60)
         wait_for_speech_after(recorder, len(recorder.samples()), REPLY_TIMEOUT_S)
