@@ -151,6 +151,8 @@ class Response:
                 self._outbox.put_nowait(("failed", update.error or "engine error"))
                 break
             for sentence in settler.feed(update.committed_text, final=update.final):
+                log.debug("response %s: sentence settled after %d passes: %r", self.id, update.stats.forward_passes,
+                          sentence)
                 sentence = clean_for_speech(sentence)
                 if sentence and self.audio_out:
                     self._sentences.put_nowait(sentence)
@@ -165,7 +167,10 @@ class Response:
         while (sentence := await self._sentences.get()) is not None:
             if synthesized >= SPECULATIVE_SENTENCES or not self._speculative_tts:
                 await self._adopted.wait()  # speculation stops short: CPU is better spent elsewhere
+            started = time.monotonic()
             samples = await self._synthesizer.synthesize(sentence, self._speed)
+            log.debug("response %s: synthesized %.1f s of speech in %.0f ms", self.id, len(samples) / WIRE_RATE,
+                      (time.monotonic() - started) * 1000)
             synthesized += 1
             self._outbox.put_nowait(("audio", (sentence, samples)))
         self._outbox.put_nowait(("end", None))

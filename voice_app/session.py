@@ -302,6 +302,7 @@ class Session:
         return self.prefix_padding_ms * ASR_RATE // 1000
 
     async def _on_turn_event(self, turn_event: TurnEvent) -> None:
+        log.debug("session %s: vad %s at %.2f s of input", self.id, turn_event.kind, turn_event.sample / ASR_RATE)
         if turn_event.kind == "speech_started":
             start = max(self._buffer.start, turn_event.sample - self._prefix_samples())
             self._turn = UserTurn(new_id("item"), start, time.monotonic())
@@ -321,9 +322,13 @@ class Session:
         """Transcribes the turn's audio up to `end`; remembered so the final transcript can
         reuse it. Shielded: a cancelled caller does not waste a decode another may need."""
         audio = self._buffer.slice(turn.start_sample, end)
+        started = time.monotonic()
         task = asyncio.ensure_future(self.models.transcriber.transcribe(audio))
         turn.transcriptions = turn.transcriptions[-3:] + [(end, task)]
-        return await asyncio.shield(task)
+        text = await asyncio.shield(task)
+        log.debug("session %s: %.1f s of speech transcribed in %.0f ms: %r", self.id, len(audio) / ASR_RATE,
+                  (time.monotonic() - started) * 1000, text)
+        return text
 
     async def _partials(self, turn: UserTurn) -> None:
         interval = self.settings.partial_interval_ms / 1000.0
@@ -367,6 +372,7 @@ class Session:
         if not text.strip() or (self._speculation is not None and self._speculation.source_text == text):
             return
         self._drop_speculation()
+        log.debug("session %s: speculative draft for %r", self.id, text)
         messages = self.conversation.messages(self._system_prompt(self.instructions), pending_user_text=text)
         try:
             self._speculation = self._start_response(messages, self.audio_out, self.max_output_tokens, None, text)
@@ -422,6 +428,8 @@ class Session:
             response = speculation
         else:
             if speculation is not None:
+                log.debug("session %s: speculative draft %s was for %r; drafting again", self.id, speculation.id,
+                          speculation.source_text)
                 self._discard(speculation)
             try:
                 response = self._start_response(messages, self.audio_out, self.max_output_tokens, None)
@@ -453,6 +461,7 @@ class Session:
         return response
 
     async def _activate(self, response: Response, clock: TurnClock) -> None:
+        log.debug("session %s: %s adopted", self.id, response.id)
         self._active = response
         previous = self.conversation.add(response.item)
         ids = {"response_id": response.id, "output_index": 0}
