@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -93,7 +94,12 @@ class Transcriber:
             self._queued += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, self.transcribe_blocking, audio_16k)
+            queued_at = time.monotonic()
+
+            def job() -> str:
+                log.debug("asr queue wait %.0f ms", (time.monotonic() - queued_at) * 1000)
+                return self.transcribe_blocking(audio_16k)
+            return await loop.run_in_executor(self._pool, job)
         finally:
             with self._lock:
                 self._queued -= 1

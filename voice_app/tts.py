@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -51,7 +52,12 @@ class Synthesizer:
             self._live_jobs += 1
         try:
             loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(self._pool, self.synthesize_blocking, sentence, speed)
+            queued_at = time.monotonic()
+
+            def job() -> np.ndarray:
+                log.debug("tts queue wait %.0f ms", (time.monotonic() - queued_at) * 1000)
+                return self.synthesize_blocking(sentence, speed)
+            future = loop.run_in_executor(self._pool, job)
             # A cancelled caller must not leave the job counted: wait for the thread to finish.
             return await asyncio.shield(future)
         except asyncio.CancelledError:

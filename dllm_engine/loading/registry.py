@@ -127,8 +127,11 @@ def attach_adapter(loaded: LoadedModel, path: Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"adapter weights {path} are missing (train them with scripts/train_adapter.py)")
     meta = adapter_metadata(path)
+    # decode_block_size: the block decoding uses when it differs from the trained one (smaller
+    # blocks cost less per pass and, with checked drafts doing most commits, lose nothing)
+    block_size = int(meta.get("decode_block_size", meta["block_size"]))
     make_block_diffusion(loaded, rank=int(meta["rank"]), alpha=float(meta["alpha"]),
-                         block_size=int(meta["block_size"]), threshold=float(meta.get("threshold", 0.9)))
+                         block_size=block_size, threshold=float(meta.get("threshold", 0.9)))
     state = load_file(str(path))
     model = loaded.model
     expected = {n for n, p in model.named_parameters() if "lora" in n or n == "mask_embedding"}

@@ -135,3 +135,25 @@ def test_qkv_biases_in_a_family_without_them_are_named(llama_copy):
     save_file(weights, str(llama_copy / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"no place for.*layer 0 q_bias"):
         load_model(str(llama_copy))
+
+
+def test_an_adapter_decodes_with_its_decode_block_size_when_it_names_one(tmp_path, make_tiny_bd, tiny_llama_dir):
+    from dllm_engine.loading.registry import attach_adapter
+    from dllm_engine.training.trainer import TrainConfig, export_adapter
+
+    trained = make_tiny_bd(seed=0)
+    path = tmp_path / "tiny-bd.safetensors"
+    export_adapter(trained, TrainConfig(block_size=4, rank=4, alpha=8.0), path, {})
+    meta_path = path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text())
+
+    as_trained = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    attach_adapter(as_trained, path)
+    assert as_trained.config.block_size == 4
+
+    meta_path.write_text(json.dumps({**meta, "decode_block_size": 2}))
+    smaller = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    attach_adapter(smaller, path)
+    assert smaller.config.block_size == 2
+    lora = {n: p for n, p in smaller.model.named_parameters() if "lora" in n}
+    assert lora and all(torch.equal(p, dict(as_trained.model.named_parameters())[n]) for n, p in lora.items())
