@@ -38,6 +38,7 @@ from kernels import confidence_head
 
 log = logging.getLogger(__name__)
 
+BACKGROUND_EVERY = 4  # while foreground requests are live, background ones join one pass in this many
 _NO_MASK = -1  # placeholder for models without a mask token: only ever used in AR mode, never fed
 
 
@@ -189,7 +190,7 @@ class Engine:
             generator = torch.Generator().manual_seed(params.seed if params.seed is not None else int(now * 1e6))
         deadline = DeadlineController(params.deadline_s, threshold, self.clock) if params.deadline_s else None
         return LiveRequest(
-            handle=RequestHandle(next(self._ids)), params=params, decoder=decoder,
+            handle=RequestHandle(next(self._ids), background=params.background), params=params, decoder=decoder,
             policy=make_policy(params.policy, threshold, params.factor, params.steps_per_block, block, fallback),
             threshold=threshold, submitted=now, deadline=deadline, generator=generator,
             stats=RequestStats(prompt_tokens=len(ids)),
@@ -211,9 +212,18 @@ class Engine:
                 self._incoming.clear()
                 for request in [r for r in self._live if r.handle.cancelled]:
                     self._finish(request, "cancelled")
-                batch = list(self._live)
+                batch = self._choose_batch()
             if batch:
                 self._step(batch)
+
+    def _choose_batch(self) -> list[LiveRequest]:
+        """Every live request, except that background ones (speculative drafts) sit out while a
+        foreground one is live, but for every BACKGROUND_EVERY-th pass: on a CPU each row costs
+        about the same, so a draft that may be thrown away must not slow a reply being heard."""
+        foreground = [r for r in self._live if not r.handle.background]
+        if foreground and self.forward_passes % BACKGROUND_EVERY:
+            return foreground
+        return list(self._live)
 
     def _admit(self, request: LiveRequest) -> None:
         """Move a submitted request into the live batch, its cache allocated on this thread."""

@@ -48,6 +48,9 @@ class GenerationParams:
     deadline_s: float | None = None  # wall-clock budget for the whole reply
     stop_at_eos: bool = True
     raw: bool = False  # True: the prompt string is used as is, no chat template
+    # best effort (a speculative draft): stepped only when no foreground request is live, or on
+    # every BACKGROUND_EVERY-th pass; RequestHandle.promote() makes it foreground
+    background: bool = False
 
     def validate(self) -> None:
         if self.max_new_tokens < 1 or self.max_new_tokens > 8192:
@@ -106,8 +109,9 @@ _DONE = object()
 class RequestHandle:
     """A live request: iterate it (sync or async) for updates; cancel() stops it."""
 
-    def __init__(self, request_id: int, max_buffered: int = 1024):
+    def __init__(self, request_id: int, max_buffered: int = 1024, background: bool = False):
         self.request_id = request_id
+        self.background = background  # read by the scheduler before each pass
         self._updates: queue.Queue = queue.Queue(maxsize=max_buffered)
         self._cancelled = threading.Event()
         self._finished = threading.Event()
@@ -138,6 +142,10 @@ class RequestHandle:
     def cancel(self) -> None:
         self._cancelled.set()
 
+    def promote(self) -> None:
+        """A background request becomes foreground (from its next pass on)."""
+        self.background = False
+
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
@@ -152,11 +160,11 @@ class RequestHandle:
         return self.last
 
     def result(self, timeout: float | None = None) -> DraftUpdate:
-        final = None
-        for update in self:
-            final = update
-        assert final is not None
-        return final
+        """Block until the request ends; its final update (every call, not just the first)."""
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+        assert self.last is not None and self.last.final
+        return self.last
 
     def __iter__(self) -> Iterator[DraftUpdate]:
         while True:

@@ -87,6 +87,7 @@ class Response:
               clock: TurnClock) -> None:
         """Makes the response real: from now on its events go to the client."""
         self._send, self._on_finished, self.clock = send, on_finished, clock
+        self.handle.promote()  # a speculative draft now has a listener: full engine priority
         if self.last_update is not None and self.last_update.draft_text and clock.first_draft_at is None:
             clock.first_draft_at = time.monotonic()
         self._adopted.set()

@@ -375,7 +375,8 @@ class Session:
         log.debug("session %s: speculative draft for %r", self.id, text)
         messages = self.conversation.messages(self._system_prompt(self.instructions), pending_user_text=text)
         try:
-            self._speculation = self._start_response(messages, self.audio_out, self.max_output_tokens, None, text)
+            self._speculation = self._start_response(messages, self.audio_out, self.max_output_tokens, None, text,
+                                                     background=True)
         except p.ProtocolError as error:  # it will fail again at end of turn, and be reported then
             log.info("session %s: no speculative draft: %s", self.id, error.message)
 
@@ -441,12 +442,14 @@ class Session:
     # ---- responses --------------------------------------------------------------------------
 
     def _start_response(self, messages: list[dict[str, str]], audio_out: bool, reply_tokens: int,
-                        event_id: str | None, source_text: str = "") -> Response:
+                        event_id: str | None, source_text: str = "", background: bool = False) -> Response:
+        """background: a speculative draft, which the engine steps only when no reply that is
+        being heard needs the CPU (promoted when adopted)."""
         from dllm_engine.request import EngineError, GenerationParams
 
         engine = self.models.engine
         params = GenerationParams(max_new_tokens=reply_tokens, mode=self.settings.engine_mode,
-                                  deadline_s=self.settings.reply_deadline_s)
+                                  deadline_s=self.settings.reply_deadline_s, background=background)
         try:
             handle = engine.submit(fit_to_context(messages, engine, reply_tokens), params)
         except (EngineError, ContextTooLong) as exc:

@@ -189,3 +189,55 @@ def test_devices_resolve_and_a_missing_one_is_refused():
     if not torch.cuda.is_available():
         with pytest.raises(EngineError, match="device 'cuda' is not available"):
             Engine.load("smollm2-135m", device="cuda")
+
+
+def _record_batches(engine) -> list[set[int]]:
+    """The request ids of each forward pass from now on (the real step runs unchanged)."""
+    batches: list[set[int]] = []
+    step = engine._step
+
+    def recording_step(batch):
+        batches.append({request.handle.request_id for request in batch})
+        step(batch)
+
+    engine._step = recording_step
+    return batches
+
+
+def test_a_background_request_joins_one_pass_in_four_beside_a_foreground_one(engine):
+    long_reply = GenerationParams(mode="autoregressive", max_new_tokens=40, stop_at_eos=False)
+    draft = GenerationParams(mode="autoregressive", max_new_tokens=12, stop_at_eos=False, background=True)
+    alone = engine.generate(PROMPTS[1], draft).token_ids
+    batches = _record_batches(engine)
+    foreground = engine.submit(PROMPTS[0], long_reply)
+    background = engine.submit(PROMPTS[1], draft)
+    foreground.result(), background.result()
+    with_foreground = [b for b in batches if foreground.request_id in b]
+    shared = sum(background.request_id in b for b in with_foreground)
+    assert 1 <= shared <= len(with_foreground) // 4 + 1, (shared, len(with_foreground))
+    assert background.result().token_ids == alone  # sitting out changes when, never what
+
+
+def test_a_promoted_background_request_steps_every_pass(engine):
+    long_reply = GenerationParams(mode="autoregressive", max_new_tokens=40, stop_at_eos=False)
+    draft = GenerationParams(mode="autoregressive", max_new_tokens=12, stop_at_eos=False, background=True)
+    batches = _record_batches(engine)
+    foreground = engine.submit(PROMPTS[0], long_reply)
+    background = engine.submit(PROMPTS[1], draft)
+    background.promote()  # the speculative draft was adopted: someone is listening now
+    assert background.result().stats.new_tokens == 12
+    foreground.result()
+    with_both = [b for b in batches if background.request_id in b]
+    assert len(with_both) == background.result().stats.forward_passes
+    first = next(i for i, b in enumerate(batches) if background.request_id in b)
+    assert all(background.request_id in b for b in batches[first:first + len(with_both)])
+
+
+def test_result_may_be_asked_again_and_a_timeout_says_which_request(engine):
+    handle = engine.submit(PROMPTS[0], GenerationParams(mode="autoregressive", max_new_tokens=4, stop_at_eos=False))
+    first = handle.result(timeout=60)
+    assert handle.result(timeout=1) is first and first.final  # it used to block forever the second time
+    slow = engine.submit(PROMPTS[1], GenerationParams(mode="autoregressive", max_new_tokens=150, stop_at_eos=False))
+    with pytest.raises(TimeoutError, match=f"request {slow.request_id} did not finish"):
+        slow.result(timeout=0)
+    slow.cancel()
