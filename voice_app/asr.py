@@ -10,10 +10,11 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+
+from voice_app.priority_pool import PriorityPool
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Transcriber:
                               language="en" if multilingual else None)
         self._tokenizer = tokenizer
         self._prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="asr")
+        self._pool = PriorityPool(workers, "asr")
         self._workers = workers
         self._lock = threading.Lock()
         self._queued = 0
@@ -89,23 +90,25 @@ class Transcriber:
         )
         return " ".join(segment.text.strip() for segment in segments).strip()
 
-    async def transcribe(self, audio_16k: np.ndarray) -> str:
+    async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
+        """final: a turn's closing transcript, which someone waits on: it goes before every
+        queued partial (of any session)."""
         with self._lock:
             self._queued += 1
         try:
-            loop = asyncio.get_running_loop()
             queued_at = time.monotonic()
 
             def job() -> str:
-                log.debug("asr queue wait %.0f ms", (time.monotonic() - queued_at) * 1000)
+                log.debug("asr queue wait %.0f ms (%s)", (time.monotonic() - queued_at) * 1000,
+                          "final" if final else "partial")
                 return self.transcribe_blocking(audio_16k)
-            return await loop.run_in_executor(self._pool, job)
+            return await asyncio.wrap_future(self._pool.submit(0.0 if final else 1.0, job))
         finally:
             with self._lock:
                 self._queued -= 1
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
 
 @dataclass(frozen=True)

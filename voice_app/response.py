@@ -165,11 +165,17 @@ class Response:
 
     async def _synthesize_sentences(self) -> None:
         synthesized = 0
+        audio_ahead_s = 0.0  # of this reply, synthesised before the sentence at hand
         while (sentence := await self._sentences.get()) is not None:
             if synthesized >= SPECULATIVE_SENTENCES or not self._speculative_tts:
                 await self._adopted.wait()  # speculation stops short: CPU is better spent elsewhere
             started = time.monotonic()
-            samples = await self._synthesizer.synthesize(sentence, self._speed)
+            # needed once the audio before it has played (now, if nothing plays yet): a first
+            # sentence goes before another reply's later ones
+            playing_since = self.clock.first_audio_at
+            needed_at = started if playing_since is None else max(started, playing_since + audio_ahead_s)
+            samples = await self._synthesizer.synthesize(sentence, self._speed, needed_at)
+            audio_ahead_s += len(samples) / WIRE_RATE
             log.debug("response %s: synthesized %.1f s of speech in %.0f ms", self.id, len(samples) / WIRE_RATE,
                       (time.monotonic() - started) * 1000)
             synthesized += 1

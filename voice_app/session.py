@@ -397,7 +397,7 @@ class Session:
             except Exception:
                 log.exception("session %s: reusable transcription failed; decoding again", self.id)
         return await self.models.transcriber.transcribe(
-            self._buffer.slice(turn.start_sample, end + FINAL_TAIL_SAMPLES))
+            self._buffer.slice(turn.start_sample, end + FINAL_TAIL_SAMPLES), final=True)
 
     async def _finish_turn(self, turn: UserTurn, end: int, clock: TurnClock) -> None:
         user_item = ConversationItem(turn.item_id, "user", audio=True, status="in_progress")

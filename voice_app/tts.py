@@ -1,7 +1,8 @@
 """Streaming speech synthesis: Piper, one sentence at a time, resampled to the wire's 24 kHz.
 
-Synthesis runs in a bounded thread pool. `live_jobs` counts sentences being synthesised, so
-tests and /healthz can see that nothing is left running after a session ends.
+Synthesis runs on a few worker threads that take the most urgent sentence of all sessions first
+(`PriorityPool`, keyed by when the listener will need the audio). `live_jobs` counts sentences
+being synthesised, so tests and /healthz can see that nothing is left running after a session ends.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from voice_app.audio.pcm import WIRE_RATE, float_to_int16, resample
+from voice_app.priority_pool import PriorityPool
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ class Synthesizer:
         self.voice_path = voice_path
         self._voice = PiperVoice.load(voice_path, config_path=config_path)
         self.voice_rate = self._voice.config.sample_rate
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tts")
+        self._pool = PriorityPool(workers, "tts")
         self._lock = threading.Lock()
         self._live_jobs = 0
 
@@ -47,25 +48,29 @@ class Synthesizer:
         audio = np.concatenate(chunks)
         return float_to_int16(resample(audio, self.voice_rate, WIRE_RATE))
 
-    async def synthesize(self, sentence: str, speed: float = 1.0) -> np.ndarray:
+    async def synthesize(self, sentence: str, speed: float = 1.0, needed_at: float | None = None) -> np.ndarray:
+        """needed_at: when the listener will need this audio (time.monotonic(); default now):
+        the most urgent sentence of all sessions is synthesised first."""
         with self._lock:
             self._live_jobs += 1
-        try:
-            loop = asyncio.get_running_loop()
-            queued_at = time.monotonic()
+        queued_at = time.monotonic()
 
-            def job() -> np.ndarray:
-                log.debug("tts queue wait %.0f ms", (time.monotonic() - queued_at) * 1000)
-                return self.synthesize_blocking(sentence, speed)
-            future = loop.run_in_executor(self._pool, job)
-            # A cancelled caller must not leave the job counted: wait for the thread to finish.
+        def job() -> np.ndarray:
+            log.debug("tts queue wait %.0f ms", (time.monotonic() - queued_at) * 1000)
+            return self.synthesize_blocking(sentence, speed)
+        pending = self._pool.submit(needed_at if needed_at is not None else queued_at, job)
+        future = asyncio.wrap_future(pending)
+        try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            await asyncio.wait([future])  # the sentence in flight finishes (~0.1 s), then stops
+            # not started: dropped; started: a cancelled caller must not leave the job counted,
+            # so wait for the sentence in flight to finish (~0.1 s)
+            if not pending.cancel():
+                await asyncio.wait([future])
             raise
         finally:
             with self._lock:
                 self._live_jobs -= 1
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()

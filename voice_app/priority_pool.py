@@ -1,0 +1,60 @@
+"""Worker threads that take the most urgent job first, for the models every session shares.
+
+With many sessions on one Whisper or one Piper, a plain FIFO pool makes a turn's final
+transcript wait behind other sessions' partials, and a reply's first sentence wait behind the
+fourth sentence of a reply that has seconds of audio still to play. Here each job carries a
+deadline-like key (smaller = sooner; equal keys run in submission order) and an idle worker
+takes the smallest.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+
+class PriorityPool:
+    def __init__(self, workers: int, name: str):
+        self._jobs: list[tuple[float, int, Future, Callable[..., Any], tuple]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, key: float, function: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the pool is shut down")
+            heapq.heappush(self._jobs, (key, next(self._order), future, function, args))
+            self._ready.notify()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._jobs and not self._closed:
+                    self._ready.wait()
+                if not self._jobs:  # closed and drained
+                    return
+                _key, _order, future, function, args = heapq.heappop(self._jobs)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(function(*args))
+            except BaseException as exc:  # handed to the waiter, never kills the worker
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Cancels the jobs not started; the running ones finish."""
+        with self._ready:
+            self._closed = True
+            for _key, _order, future, _function, _args in self._jobs:
+                future.cancel()
+            self._jobs.clear()
+            self._ready.notify_all()
