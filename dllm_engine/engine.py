@@ -31,6 +31,7 @@ from dllm_engine.decoding.batch_commit import Choice, choose_commits
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
 from dllm_engine.models.families import FAMILIES
 from dllm_engine.models.transformer import KVCache
+from dllm_engine.prefix_cache import PrefixStore
 from dllm_engine.request import (
     DraftUpdate, EngineError, EngineOverloaded, GenerationParams, RequestHandle, RequestStats,
 )
@@ -70,7 +71,8 @@ class PendingStep:
 
 class Engine:
     def __init__(self, loaded: LoadedModel, max_live_requests: int = 32, max_cached_tokens: int = 131072,
-                 clock: Callable[[], float] = time.monotonic, cache_dtype: torch.dtype | None = None):
+                 clock: Callable[[], float] = time.monotonic, cache_dtype: torch.dtype | None = None,
+                 prefix_cache_entries: int = 16):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -86,6 +88,8 @@ class Engine:
         self._live: list[LiveRequest] = []
         self._closing = False
         self.forward_passes = 0
+        # ended requests' caches, for prompts that start the same (held beyond max_cached_tokens)
+        self._prefixes = PrefixStore(prefix_cache_entries)
         self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
         self._thread.start()
 
@@ -206,6 +210,7 @@ class Engine:
                     for request in self._live + self._incoming:
                         self._finish(request, "cancelled")
                     self._live, self._incoming = [], []
+                    self._prefixes.clear()
                     return
                 for request in self._incoming:
                     self._admit(request)
@@ -232,6 +237,12 @@ class Engine:
         except (RuntimeError, MemoryError) as exc:  # torch reports allocation failure as RuntimeError
             self._finish(request, "error", error=f"could not allocate the KV cache: {exc}")
             return
+        decoder = request.decoder
+        if isinstance(decoder, BlockCausalDecoder) and decoder.reusable_cache:
+            reused = self._prefixes.take(decoder.prompt_ids, decoder.cache, len(decoder.prompt_ids) - 1)
+            if reused:
+                decoder.reuse_prefix(reused)
+                request.stats.cached_prompt_tokens = reused
         self._live.append(request)
 
     def _step(self, batch: list[LiveRequest]) -> None:
@@ -331,7 +342,10 @@ class Engine:
     def _finish(self, request: LiveRequest, reason: str, error: str | None = None) -> None:
         if request in self._live:
             self._live.remove(request)
-        request.decoder.cache = None  # free the KV cache now, not when the handle dies
+        decoder = request.decoder
+        if reason != "error" and isinstance(decoder, BlockCausalDecoder) and decoder.reusable_cache:
+            self._prefixes.offer(decoder.cached_token_ids(), decoder.cache)
+        decoder.cache = None  # the engine's reference; the prefix store may keep the cache a while
         if request.deadline is not None:
             request.stats.deadline_met = request.deadline.met()
         self._publish(request, final=True, reason=reason, error=error)

@@ -76,6 +76,7 @@ class GenerationParams:
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of them, copied from an earlier request's cache (not prefilled)
     new_tokens: int = 0
     forward_passes: int = 0  # passes this request took part in (prefill and cache writes included)
     denoise_steps: int = 0

@@ -182,6 +182,26 @@ class BlockCausalDecoder(BlockDecoderBase):
         self.unwritten: list[int] = list(self.prompt_ids)  # to be written by the next step
         self._new_block()
 
+    # ---- prefix reuse (dllm_engine.prefix_cache) -----------------------------------------
+    @property
+    def reusable_cache(self) -> bool:
+        """Cache slot i holds base-weight causal keys and values of tokens 0..i alone (not so
+        when clean blocks are written bidirectionally)."""
+        return not self.bidirectional_clean_blocks
+
+    def cached_token_ids(self) -> list[int]:
+        """The tokens whose final keys and values cache slots [0, len) hold."""
+        return (self.prompt_ids + self.settled_ids())[: self.written]
+
+    def reuse_prefix(self, length: int) -> None:
+        """Cache slots [0, length) were filled with the prompt's head: write only the rest
+        (at least the last prompt token, whose row predicts the first reply token)."""
+        if self.written or not 0 < length < len(self.prompt_ids):
+            raise ValueError(f"cannot reuse {length} cached tokens of a {len(self.prompt_ids)}-token prompt "
+                             f"after {self.written} were written")
+        self.written = length
+        self.unwritten = list(self.prompt_ids[length:])
+
     def plan(self) -> StepPlan:
         plan = StepPlan()
         start = self.written

@@ -241,3 +241,36 @@ def test_result_may_be_asked_again_and_a_timeout_says_which_request(engine):
     with pytest.raises(TimeoutError, match=f"request {slow.request_id} did not finish"):
         slow.result(timeout=0)
     slow.cancel()
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "autoregressive"])
+def test_a_prompt_that_starts_like_an_earlier_one_reuses_its_cache_exactly(tiny_bd, mode):
+    """The next turn of a conversation: its prompt is the last one, the reply, and more."""
+    params = GenerationParams(mode=mode, max_new_tokens=10, block_size=4, threshold=0.05, stop_at_eos=False)
+    first_turn = [{"role": "user", "content": PROMPTS[2]}]
+    fresh = Engine(tiny_bd, prefix_cache_entries=0)
+    warm = Engine(tiny_bd)
+    try:
+        reply = warm.generate(first_turn, params)
+        assert reply.stats.cached_prompt_tokens == 0
+        next_turn = first_turn + [{"role": "assistant", "content": reply.committed_text},
+                                  {"role": "user", "content": PROMPTS[0]}]
+        reused = warm.generate(next_turn, params)
+        from_scratch = fresh.generate(next_turn, params)
+    finally:
+        fresh.close()
+        warm.close()
+    assert reused.stats.cached_prompt_tokens >= warm.count_tokens(first_turn) - 8  # the whole earlier prompt, about
+    assert from_scratch.stats.cached_prompt_tokens == 0
+    assert reused.token_ids == from_scratch.token_ids
+
+
+def test_only_the_shared_head_of_a_prompt_is_reused(engine):
+    raw = GenerationParams(max_new_tokens=4, stop_at_eos=False, raw=True)
+    engine.generate(PROMPTS[2], raw)
+    assert engine.generate(PROMPTS[1], raw).stats.cached_prompt_tokens == 0  # nothing in common
+    # chat prompts share the template's system prompt, and only that
+    engine.generate(PROMPTS[0], GenerationParams(max_new_tokens=4, stop_at_eos=False))
+    other = engine.generate(PROMPTS[1], GenerationParams(max_new_tokens=4, stop_at_eos=False))
+    system_head = len(engine.prompt_ids(PROMPTS[1], raw=False)) - len(engine.prompt_ids(PROMPTS[1], raw=True))
+    assert 0 < other.stats.cached_prompt_tokens <= system_head

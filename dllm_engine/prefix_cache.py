@@ -1,0 +1,67 @@
+"""Reuse of the keys and values of recently ended requests for a new prompt that starts the same.
+
+A voice session submits many prompts that share a long head: every speculative redraft repeats
+the system prompt, the history and most of the user's words, and the next turn repeats the last
+one with the reply appended. Prefilling that head again costs a full forward pass over hundreds
+of tokens, which stalls every other request in the batch. `PrefixStore` keeps the caches of
+the last few ended requests and copies the longest matching head into a new request's cache.
+
+Only caches written causally with the base weights are offered (`BlockCausalDecoder`'s cache
+write): slot i of such a cache depends on tokens 0..i alone, so a copied head is exactly what
+prefilling it would have written.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from dllm_engine.models.transformer import KVCache
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    length = min(len(a), len(b))
+    for i in range(length):
+        if a[i] != b[i]:
+            return i
+    return length
+
+
+class PrefixStore:
+    """The caches of the last `max_entries` ended requests, with the tokens they hold.
+    Used only from the engine's scheduler thread."""
+
+    def __init__(self, max_entries: int = 16, min_tokens: int = 16):
+        self.max_entries = max_entries
+        self.min_tokens = min_tokens  # shorter matches are not worth a copy
+        self._entries: deque[tuple[list[int], KVCache]] = deque()
+
+    def offer(self, token_ids: list[int], cache: KVCache) -> None:
+        """token_ids: what cache slots [0, len) hold (final keys and values)."""
+        if self.max_entries <= 0 or len(token_ids) < self.min_tokens or cache.k is None:
+            return
+        # an older entry that this one extends (or equals) only takes memory
+        for old in [e for e in self._entries if common_prefix_len(e[0], token_ids) == len(e[0])]:
+            self._entries.remove(old)
+        self._entries.append((list(token_ids), cache))
+        while len(self._entries) > self.max_entries:
+            self._entries.popleft()
+
+    def take(self, token_ids: list[int], cache: KVCache, limit: int) -> int:
+        """Copies the longest stored head of `token_ids` (at most `limit` tokens) into `cache`;
+        returns its length (0: nothing worth copying)."""
+        best, donor = 0, None
+        for stored, stored_cache in self._entries:
+            length = min(common_prefix_len(stored, token_ids), limit)
+            if length > best:
+                best, donor = length, stored_cache
+        if donor is None or best < self.min_tokens:
+            return 0
+        cache.k[:, :, :best].copy_(donor.k[:, :, :best])
+        cache.v[:, :, :best].copy_(donor.v[:, :, :best])
+        return best
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
