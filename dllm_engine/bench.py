@@ -79,7 +79,10 @@ def measure(engine, mode: str, prompts: list[str], max_new_tokens: int, block_si
 def run_bench(args) -> int:
     from dllm_engine.engine import Engine
 
-    engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device)
+    # no prefix cache: every run repeats the same prompts, and a copied prompt would time the
+    # copy instead of the prefill a new conversation pays
+    engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device,
+                         prefix_cache_entries=0)
     prompts = BENCH_PROMPTS[: max(1, args.prompts)]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     modes = ["diffusion", "autoregressive"] if engine.config.is_diffusion else ["autoregressive"]

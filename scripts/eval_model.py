@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args()
 
-    engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64)
+    engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0)
     prompts = voice_prompts(args.eval_prompts, seed=1000)  # the held-out draw (scripts/train_adapter.py)
     held_out = [conversation(p, voice_system=i % 2 == 0) for i, p in enumerate(prompts)]
     sanity = [[{"role": "user", "content": q}] for q, _ in SANITY_QUESTIONS]
