@@ -184,7 +184,9 @@ def validate_client_event(data: Any) -> BaseModel:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"][1:])  # drop the union tag
-        raise ProtocolError("invalid_value", f"{event_type}: {where}: {first['msg']}", where, event_id) from exc
+        got = first.get("input")
+        shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) and len(repr(got)) <= 80 else ""
+        raise ProtocolError("invalid_value", f"{event_type}: {where}: {first['msg']}{shown}", where, event_id) from exc
 
 
 # ---- server events ----------------------------------------------------------------------

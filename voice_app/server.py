@@ -19,6 +19,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from voice_app.beta_dialect import client_event_to_ga, is_beta_client, server_event_to_beta
 from voice_app.loaded_models import LoadedModels
 from voice_app.metrics import VoiceMetrics
 from voice_app.protocol import ProtocolError
@@ -77,29 +78,46 @@ class VoiceServer:
             await websocket.close(code=CLOSE_TRY_AGAIN_LATER,
                                   reason=f"server is at capacity ({self.settings.max_sessions} sessions); retry later")
             return
-        session = Session(self.models, self.settings, send=lambda event: websocket.send_text(json.dumps(event)),
-                          metrics=self.metrics)
+        beta = is_beta_client(dict(websocket.headers), offered)  # the pre-GA event names and fields
+
+        async def send(event: dict[str, Any]) -> None:
+            await websocket.send_text(json.dumps(server_event_to_beta(event) if beta else event))
+
+        session = Session(self.models, self.settings, send=send, metrics=self.metrics)
         self.sessions.add(session)
         self.metrics.sessions_total.inc()
-        log.info("session %s opened (model=%s, %d live)", session.id,
-                 websocket.query_params.get("model"), len(self.sessions))
+        log.info("session %s opened (model=%s, %s dialect, %d live)", session.id,
+                 websocket.query_params.get("model"), "beta" if beta else "GA", len(self.sessions))
         try:
             await session.start()
-            await self._pump(websocket, session)
+            await self._pump(websocket, session, beta)
         finally:
             self.sessions.discard(session)
             await session.close()
 
-    async def _pump(self, websocket: WebSocket, session: Session) -> None:
+    async def _pump(self, websocket: WebSocket, session: Session, beta: bool) -> None:
         while not session.closed:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
             if message.get("text") is not None:
-                await session.handle_text(message["text"])
+                text = message["text"]
+                if beta and len(text) <= self.settings.max_message_bytes:  # oversized: the session says so
+                    text = _beta_to_ga(text)
+                await session.handle_text(text)
             else:
                 await session.send_error(ProtocolError(
                     "invalid_event", "binary frames are not accepted; send JSON events as text frames"))
+
+
+def _beta_to_ga(text: str) -> str:
+    """A beta client's event in GA shape; text that is not a JSON object goes on unchanged, for
+    the session to report."""
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return text
+    return json.dumps(client_event_to_ga(event)) if isinstance(event, dict) else text
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
