@@ -3,15 +3,13 @@ the real server and models: flat session fields in, beta event names out."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import time
 
 import numpy as np
 import pytest
-from openai import AsyncOpenAI
 
-from tests.voice.session_driver import CHUNK, silence
+from tests.voice.sdk_client import SdkClient
+from tests.voice.session_driver import silence
 from voice_app.beta_dialect import _EVENT_NAMES as GA_TO_BETA_NAMES
 from voice_app.beta_dialect import client_event_to_ga, server_event_to_beta
 
@@ -19,42 +17,8 @@ pytestmark = pytest.mark.slow
 GA_ONLY_NAMES = set(GA_TO_BETA_NAMES)
 
 
-class BetaSdkClient:
-    """The openai SDK's beta realtime client (it sends `OpenAI-Beta: realtime=v1`)."""
-
-    def __init__(self, server):
-        self.client = AsyncOpenAI(api_key="sk-test-not-checked", websocket_base_url=server.ws_url)
-        self.events: list = []
-
-    async def __aenter__(self):
-        self._manager = self.client.beta.realtime.connect(model="smollm2-135m-bd")
-        self.conn = await self._manager.__aenter__()
-        self._reader = asyncio.create_task(self._read())
-        return self
-
-    async def __aexit__(self, *exc):
-        self._reader.cancel()
-        await self._manager.__aexit__(*exc)
-
-    async def _read(self):
-        async for event in self.conn:
-            self.events.append(event)
-
-    async def wait_for(self, predicate, timeout_s: float = 90.0):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for event in self.events:
-                if predicate(event):
-                    return event
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"no matching event; got {[e.type for e in self.events]}")
-
-    def of_type(self, event_type: str) -> list:
-        return [e for e in self.events if e.type == event_type]
-
-
 async def test_a_beta_client_gets_a_text_answer_under_beta_names(voice_server):
-    async with BetaSdkClient(voice_server) as client:
+    async with SdkClient(voice_server, beta=True) as client:
         await client.conn.session.update(session={"modalities": ["text"], "instructions": "Be brief."})
         await client.conn.conversation.item.create(item={
             "type": "message", "role": "user",
@@ -72,15 +36,11 @@ async def test_a_beta_client_gets_a_text_answer_under_beta_names(voice_server):
 
 
 async def test_a_beta_client_talks_and_hears_the_answer(voice_server, test_audio):
-    async with BetaSdkClient(voice_server) as client:
+    async with SdkClient(voice_server, beta=True) as client:
         await client.conn.session.update(session={
             "modalities": ["text", "audio"], "input_audio_format": "pcm16", "output_audio_format": "pcm16",
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}})
-        speech = np.concatenate([silence(0.3), test_audio["question"], silence(1.0)])
-        for offset in range(0, len(speech), CHUNK):
-            chunk = speech[offset:offset + CHUNK].astype("<i2").tobytes()
-            await client.conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
-            await asyncio.sleep(0.1)
+        await client.speak(np.concatenate([silence(0.3), test_audio["question"], silence(1.0)]))
         done = await client.wait_for(lambda e: e.type == "response.done")
 
     assert client.of_type("session.updated")[0].session.turn_detection.silence_duration_ms == 500
@@ -94,7 +54,7 @@ async def test_a_beta_client_talks_and_hears_the_answer(voice_server, test_audio
 
 
 async def test_a_beta_client_asking_for_g711_gets_an_error_naming_it(voice_server):
-    async with BetaSdkClient(voice_server) as client:
+    async with SdkClient(voice_server, beta=True) as client:
         await client.conn.session.update(session={"input_audio_format": "g711_ulaw"})
         error = await client.wait_for(lambda e: e.type == "error")
     assert "format" in error.error.param

@@ -11,9 +11,9 @@ import urllib.request
 import numpy as np
 import pytest
 import websockets
-from openai import AsyncOpenAI
 
-from tests.voice.session_driver import CHUNK, silence
+from tests.voice.sdk_client import SdkClient
+from tests.voice.session_driver import silence
 
 pytestmark = pytest.mark.slow
 
@@ -36,46 +36,6 @@ async def wait_until_idle(server, timeout_s: float = 20.0) -> dict:
         if idle or time.monotonic() > deadline:
             return state
         await asyncio.sleep(0.1)
-
-
-class SdkClient:
-    """The official openai SDK's realtime client, recording every event it receives."""
-
-    def __init__(self, server):
-        self.client = AsyncOpenAI(api_key="sk-test-not-checked", websocket_base_url=server.ws_url)
-        self.events: list = []
-
-    async def __aenter__(self):
-        self._manager = self.client.realtime.connect(model="smollm2-135m-bd")
-        self.conn = await self._manager.__aenter__()
-        self._reader = asyncio.create_task(self._read())
-        return self
-
-    async def __aexit__(self, *exc):
-        self._reader.cancel()
-        await self._manager.__aexit__(*exc)
-
-    async def _read(self):
-        async for event in self.conn:
-            self.events.append(event)
-
-    async def speak(self, samples: np.ndarray, realtime: bool = True) -> None:
-        for offset in range(0, len(samples), CHUNK):
-            chunk = samples[offset : offset + CHUNK].astype("<i2").tobytes()
-            await self.conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
-            await asyncio.sleep(0.1 if realtime else 0)
-
-    async def wait_for(self, predicate, timeout_s: float = 60.0, start: int = 0):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for event in self.events[start:]:
-                if predicate(event):
-                    return event
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"no matching event; got {[e.type for e in self.events]}")
-
-    def of_type(self, event_type: str) -> list:
-        return [e for e in self.events if e.type == event_type]
 
 
 async def test_spoken_question_gets_a_spoken_answer_through_the_openai_sdk(voice_server, test_audio):
