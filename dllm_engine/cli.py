@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 
+from dllm_engine.engine import DTYPES
 from dllm_engine.loading import DEFAULT_MODEL, CheckpointError, UnknownModelError
 from dllm_engine.request import EngineError, GenerationParams
 
@@ -16,7 +17,7 @@ log = logging.getLogger("dllm")
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"registered name, .gguf file, HF dir or hub id (default {DEFAULT_MODEL})")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="weights and cache dtype (auto: bfloat16 where the CPU/GPU has native bf16 matmuls)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda when there is one)")
     parser.add_argument("--download", action="store_true", help="allow fetching a hub id that is not cached (online only)")

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dllm_engine.engine import Engine  # noqa: E402
+from dllm_engine.engine import DTYPES, Engine  # noqa: E402
 from dllm_engine.request import GenerationParams  # noqa: E402
 from dllm_engine.training.prompts import SANITY_QUESTIONS, conversation, voice_prompts  # noqa: E402
 
@@ -48,7 +48,7 @@ def correct(answer: str, keywords: list[str]) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-bd")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
     parser.add_argument("--eval-prompts", type=int, default=100)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--thresholds", default="0.9", help="comma-separated; the first is reported as the default")
