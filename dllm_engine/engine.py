@@ -88,7 +88,8 @@ class Engine:
         self._live: list[LiveRequest] = []
         self._closing = False
         self.forward_passes = 0
-        # ended requests' caches, for prompts that start the same (held beyond max_cached_tokens)
+        # copies of ended requests' written cache slots, for prompts that start the same
+        # (at most 16384 tokens, held beyond max_cached_tokens)
         self._prefixes = PrefixStore(prefix_cache_entries)
         self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
         self._thread.start()
@@ -345,7 +346,7 @@ class Engine:
         decoder = request.decoder
         if reason != "error" and isinstance(decoder, BlockCausalDecoder) and decoder.reusable_cache:
             self._prefixes.offer(decoder.cached_token_ids(), decoder.cache)
-        decoder.cache = None  # the engine's reference; the prefix store may keep the cache a while
+        decoder.cache = None  # free the KV cache now, not when the handle dies (the store copied its head)
         if request.deadline is not None:
             request.stats.deadline_met = request.deadline.met()
         self._publish(request, final=True, reason=reason, error=error)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from torch import Tensor
+
 from dllm_engine.models.transformer import KVCache
 
 
@@ -27,37 +29,42 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 class PrefixStore:
-    """The caches of the last `max_entries` ended requests, with the tokens they hold.
+    """Keys and values of the last ended requests' written slots, with the tokens they hold, up
+    to `max_entries` entries and `max_tokens` tokens in all (copies: a request's own cache is
+    preallocated to its longest possible reply and would pin far more memory).
     Used only from the engine's scheduler thread."""
 
-    def __init__(self, max_entries: int = 16, min_tokens: int = 16):
+    def __init__(self, max_entries: int = 16, min_tokens: int = 16, max_tokens: int = 16384):
         self.max_entries = max_entries
         self.min_tokens = min_tokens  # shorter matches are not worth a copy
-        self._entries: deque[tuple[list[int], KVCache]] = deque()
+        self.max_tokens = max_tokens
+        self._entries: deque[tuple[list[int], Tensor, Tensor]] = deque()
 
     def offer(self, token_ids: list[int], cache: KVCache) -> None:
         """token_ids: what cache slots [0, len) hold (final keys and values)."""
-        if self.max_entries <= 0 or len(token_ids) < self.min_tokens or cache.k is None:
+        length = min(len(token_ids), self.max_tokens)
+        if self.max_entries <= 0 or length < self.min_tokens or cache.k is None:
             return
+        token_ids = list(token_ids[:length])
         # an older entry that this one extends (or equals) only takes memory
         for old in [e for e in self._entries if common_prefix_len(e[0], token_ids) == len(e[0])]:
             self._entries.remove(old)
-        self._entries.append((list(token_ids), cache))
-        while len(self._entries) > self.max_entries:
+        self._entries.append((token_ids, cache.k[:, :, :length].clone(), cache.v[:, :, :length].clone()))
+        while len(self._entries) > self.max_entries or sum(len(e[0]) for e in self._entries) > self.max_tokens:
             self._entries.popleft()
 
     def take(self, token_ids: list[int], cache: KVCache, limit: int) -> int:
         """Copies the longest stored head of `token_ids` (at most `limit` tokens) into `cache`;
         returns its length (0: nothing worth copying)."""
         best, donor = 0, None
-        for stored, stored_cache in self._entries:
-            length = min(common_prefix_len(stored, token_ids), limit)
+        for entry in self._entries:
+            length = min(common_prefix_len(entry[0], token_ids), limit)
             if length > best:
-                best, donor = length, stored_cache
+                best, donor = length, entry
         if donor is None or best < self.min_tokens:
             return 0
-        cache.k[:, :, :best].copy_(donor.k[:, :, :best])
-        cache.v[:, :, :best].copy_(donor.v[:, :, :best])
+        cache.k[:, :, :best].copy_(donor[1][:, :, :best])
+        cache.v[:, :, :best].copy_(donor[2][:, :, :best])
         return best
 
     def clear(self) -> None:

@@ -161,6 +161,7 @@ class DesktopProcess:
 
     def __init__(self, env: dict[str, str], *args: str):
         self.lines: list[str] = []
+        self.alsa_messages = 0
         self.proc = subprocess.Popen([sys.executable, "-m", "voice_app", "desktop", *args],
                                      env={**env, **engine_env(), "PYTHONUNBUFFERED": "1"}, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -169,6 +170,9 @@ class DesktopProcess:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
+            if line.startswith("ALSA lib"):  # libasound's own chatter (underruns): counted, not kept,
+                self.alsa_messages += 1  # as a device in trouble can print it in a tight loop
+                continue
             self.lines.append(line.rstrip("\n"))
 
     def wait_for_line(self, predicate, timeout_s: float) -> str:
@@ -350,7 +354,9 @@ def test_a_sound_server_that_dies_mid_conversation_exits_2_listing_the_devices(t
             stop_pulse(daemon)
     output = "\n".join(desktop.lines)
     assert exit_code == 2, output
-    assert "stopped unexpectedly" in output and "Devices found:" in output and "--input-device" in output
+    # the stream's end callback, or (when the plugin never calls it) the mic watchdog, says why
+    assert "stopped unexpectedly" in output or "delivered no audio" in output, output
+    assert "Devices found:" in output and "--input-device" in output
 
 
 def test_list_devices_shows_the_virtual_card(pulse):

@@ -38,6 +38,9 @@ EXIT_AUDIO_DEVICE = 2
 INPUT_RATES = (16000, 48000, 44100, 24000)  # first one the device accepts; 16 kHz needs no resampling
 OUTPUT_RATES = (24000, 48000, 44100, 16000)  # 24 kHz is the reply audio's own rate
 BLOCK_MS = 20
+# no mic frame for this long means the input is dead (a sound server that died can leave the
+# stream "running" without callbacks, or spinning in ALSA's underrun recovery)
+MIC_STALL_S = 5.0
 
 
 class AudioDeviceError(RuntimeError):
@@ -380,9 +383,12 @@ class DesktopTransport:
         try:
             while not self._stop.is_set():
                 frame = asyncio.ensure_future(self._mic.get())
-                await asyncio.wait([frame, stopped], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([frame, stopped], timeout=MIC_STALL_S, return_when=asyncio.FIRST_COMPLETED)
                 if not frame.done():
                     frame.cancel()
+                    if not self._stop.is_set():  # a mic that delivers nothing is as gone as an unplugged one
+                        self._fail(f"the microphone delivered no audio for {MIC_STALL_S:.0f} s "
+                                   "(device unplugged or sound server gone?)")
                     break
                 samples, captured_at = frame.result()
                 if self.echo_gate is not None:
