@@ -239,7 +239,7 @@ class Engine:
             self._finish(request, "error", error=f"could not allocate the KV cache: {exc}")
             return
         decoder = request.decoder
-        if isinstance(decoder, BlockCausalDecoder) and decoder.reusable_cache:
+        if decoder.reusable_cache:
             reused = self._prefixes.take(decoder.prompt_ids, decoder.cache, len(decoder.prompt_ids) - 1)
             if reused:
                 decoder.reuse_prefix(reused)
@@ -344,7 +344,7 @@ class Engine:
         if request in self._live:
             self._live.remove(request)
         decoder = request.decoder
-        if reason != "error" and isinstance(decoder, BlockCausalDecoder) and decoder.reusable_cache:
+        if reason != "error" and decoder.reusable_cache:
             self._prefixes.offer(decoder.cached_token_ids(), decoder.cache)
         decoder.cache = None  # free the KV cache now, not when the handle dies (the store copied its head)
         if request.deadline is not None:

@@ -31,6 +31,10 @@ from dllm_engine.models.transformer import KVCache, Segment
 class BlockDecoderBase:
     """What both decoders share: the block, its commits, EOS and length bookkeeping."""
 
+    # whether cache slot i holds keys and values of tokens 0..i alone, so an ended request's
+    # head can seed another's cache (dllm_engine.prefix_cache); BlockCausalDecoder may say yes
+    reusable_cache = False
+
     def __init__(self, prompt_ids: list[int], cache: KVCache, block_size: int, max_new_tokens: int,
                  mask_id: int, eos_ids: set[int], shift: bool, stop_at_eos: bool):
         self.prompt_ids = prompt_ids
