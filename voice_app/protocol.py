@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -156,8 +156,10 @@ CLIENT_EVENT_TYPES = sorted(
 )
 
 
-def parse_client_event(raw: str | bytes, max_bytes: int) -> BaseModel:
-    """Wire text -> a validated client event model, or ProtocolError naming what was wrong."""
+def parse_client_event(raw: str | bytes, max_bytes: int,
+                       translate: Callable[[Any], Any] | None = None) -> BaseModel:
+    """Wire text -> a validated client event model, or ProtocolError naming what was wrong.
+    translate: applied to the parsed JSON first (a client dialect's fields -> ours)."""
     if len(raw) > max_bytes:
         raise ProtocolError("message_too_large",
                             f"message of {len(raw)} bytes exceeds the limit of {max_bytes} bytes")
@@ -165,7 +167,7 @@ def parse_client_event(raw: str | bytes, max_bytes: int) -> BaseModel:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError("invalid_json", f"message is not valid JSON: {exc}") from exc
-    return validate_client_event(data)
+    return validate_client_event(translate(data) if translate is not None else data)
 
 
 def validate_client_event(data: Any) -> BaseModel:

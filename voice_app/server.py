@@ -83,41 +83,29 @@ class VoiceServer:
         async def send(event: dict[str, Any]) -> None:
             await websocket.send_text(json.dumps(server_event_to_beta(event) if beta else event))
 
-        session = Session(self.models, self.settings, send=send, metrics=self.metrics)
+        session = Session(self.models, self.settings, send=send, metrics=self.metrics,
+                          translate_in=client_event_to_ga if beta else None)
         self.sessions.add(session)
         self.metrics.sessions_total.inc()
         log.info("session %s opened (model=%s, %s dialect, %d live)", session.id,
                  websocket.query_params.get("model"), "beta" if beta else "GA", len(self.sessions))
         try:
             await session.start()
-            await self._pump(websocket, session, beta)
+            await self._pump(websocket, session)
         finally:
             self.sessions.discard(session)
             await session.close()
 
-    async def _pump(self, websocket: WebSocket, session: Session, beta: bool) -> None:
+    async def _pump(self, websocket: WebSocket, session: Session) -> None:
         while not session.closed:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
             if message.get("text") is not None:
-                text = message["text"]
-                if beta and len(text) <= self.settings.max_message_bytes:  # oversized: the session says so
-                    text = _beta_to_ga(text)
-                await session.handle_text(text)
+                await session.handle_text(message["text"])
             else:
                 await session.send_error(ProtocolError(
                     "invalid_event", "binary frames are not accepted; send JSON events as text frames"))
-
-
-def _beta_to_ga(text: str) -> str:
-    """A beta client's event in GA shape; text that is not a JSON object goes on unchanged, for
-    the session to report."""
-    try:
-        event = json.loads(text)
-    except ValueError:
-        return text
-    return json.dumps(client_event_to_ga(event)) if isinstance(event, dict) else text
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:

@@ -62,8 +62,10 @@ class Session:
 
     def __init__(self, models: Any, settings: Settings, send: Send,
                  metrics: VoiceMetrics | None = None,
-                 on_audio: Callable[[np.ndarray], None] | None = None):
+                 on_audio: Callable[[np.ndarray], None] | None = None,
+                 translate_in: Callable[[Any], Any] | None = None):
         self.id = new_id("sess")
+        self._translate_in = translate_in  # a client dialect's events -> ours, before validation
         self.models = models
         self.settings = settings
         self.metrics = metrics or VoiceMetrics()
@@ -101,7 +103,7 @@ class Session:
     async def handle_text(self, raw: str | bytes) -> None:
         """One wire message: parsed, validated, dispatched; a bad one gets an `error` event."""
         try:
-            event = p.parse_client_event(raw, self.settings.max_message_bytes)
+            event = p.parse_client_event(raw, self.settings.max_message_bytes, self._translate_in)
             await self.handle_event(event)
         except p.ProtocolError as error:
             await self.send_error(error)
