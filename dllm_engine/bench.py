@@ -81,7 +81,7 @@ def run_bench(args) -> int:
 
     # no prefix cache: every run repeats the same prompts, and a copied prompt would time the
     # copy instead of the prefill a new conversation pays
-    engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device,
+    engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device, backend=args.backend,
                          prefix_cache_entries=0)
     prompts = BENCH_PROMPTS[: max(1, args.prompts)]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]

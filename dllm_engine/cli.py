@@ -20,6 +20,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="weights and cache dtype (auto: bfloat16 where the CPU/GPU has native bf16 matmuls)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda when there is one)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "fused", "torch"],
+                        help="forward pass: fused (C++ CPU kernels over the checkpoint's quantized blocks), "
+                             "torch, or auto (fused on a CPU with AVX2, torch otherwise)")
     parser.add_argument("--download", action="store_true", help="allow fetching a hub id that is not cached (online only)")
 
 
@@ -50,7 +53,7 @@ def _stats_line(stats) -> str:
 def _load_engine(args):
     from dllm_engine.engine import Engine
 
-    return Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device)
+    return Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device, backend=args.backend)
 
 
 def cmd_generate(args) -> int:

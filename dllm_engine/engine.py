@@ -1,6 +1,11 @@
 """Engine: load a model once, take requests from any thread, run them all on one scheduler
 thread that packs every live request's next step into one shared forward pass.
 
+Three rooms, as in nano-vllm: the engine (this file: the public API and the scheduler
+thread), the scheduler (scheduler.py: admission, batch choice, commits, finishing) and the
+model runner (runner.py: packing, the forward pass, the output head, sampling). One step is
+`scheduler.schedule()` -> `runner.run()` -> `scheduler.postprocess()`.
+
 All of the engine's torch work (loading, cache allocation, forward passes) runs off the
 caller's thread: torch's CPU ops parallelise with OpenMP (libgomp), which keeps a worker pool
 per thread that ever ran a parallel region. Once the caller's pool and the scheduler's pool
@@ -18,61 +23,30 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from dllm_engine.decoding import (
-    BlockCausalDecoder, DeadlineController, FullAttentionDecoder, StepPlan, make_policy, pick_tokens,
-)
-from dllm_engine.decoding.batch_commit import Choice, choose_commits
+from dllm_engine.decoding import BlockCausalDecoder, DeadlineController, FullAttentionDecoder, make_policy
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
 from dllm_engine.models.families import FAMILIES
 from dllm_engine.models.transformer import KVCache
-from dllm_engine.prefix_cache import PrefixStore
-from dllm_engine.request import (
-    DraftUpdate, EngineError, EngineOverloaded, GenerationParams, RequestHandle, RequestStats,
-)
-from kernels import confidence_head
+from dllm_engine.request import DraftUpdate, EngineError, EngineOverloaded, GenerationParams, RequestHandle, RequestStats
+from dllm_engine.runner import ModelRunner, resolve_backend
+from dllm_engine.scheduler import BACKGROUND_EVERY, LiveRequest, Scheduler
 
 log = logging.getLogger(__name__)
 
-BACKGROUND_EVERY = 4  # while foreground requests are live, background ones join one pass in this many
+__all__ = ["BACKGROUND_EVERY", "DTYPES", "Engine", "resolve_device", "resolve_dtype"]
+
 _NO_MASK = -1  # placeholder for models without a mask token: only ever used in AR mode, never fed
-
-
-@dataclass
-class LiveRequest:
-    handle: RequestHandle
-    params: GenerationParams
-    decoder: BlockCausalDecoder | FullAttentionDecoder
-    policy: object
-    threshold: float
-    submitted: float
-    deadline: DeadlineController | None
-    generator: torch.Generator | None
-    stats: RequestStats = field(default_factory=RequestStats)
-    committed_in_denoise: int = 0
-
-
-@dataclass
-class PendingStep:
-    """A request between its step's predictions and its commits (see `Engine._step`)."""
-
-    request: LiveRequest
-    plan: StepPlan
-    tokens: list[int]
-    free: list[int]
-    exact: int  # commits already made: forced AR tokens and verified drafts
-    choice: Choice | None = None  # None: nothing left for the policy to decide
 
 
 class Engine:
     def __init__(self, loaded: LoadedModel, max_live_requests: int = 32, max_cached_tokens: int = 131072,
                  clock: Callable[[], float] = time.monotonic, cache_dtype: torch.dtype | None = None,
-                 prefix_cache_entries: int = 16):
+                 prefix_cache_entries: int = 16, backend: str = "auto"):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -80,25 +54,33 @@ class Engine:
         self.max_live_requests = max_live_requests
         self.max_cached_tokens = max_cached_tokens
         self.clock = clock
-        self.cache_dtype = cache_dtype or self.model.embed_tokens.dtype
         self.device = self.model.embed_tokens.device
+        self.backend = resolve_backend(backend, self.device)
+        # the fused CPU pass computes in fp32 and reads fp32 caches
+        self.cache_dtype = torch.float32 if self.backend == "fused" else (cache_dtype or self.model.embed_tokens.dtype)
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
         self._incoming: list[LiveRequest] = []
-        self._live: list[LiveRequest] = []
+        self._admitting: list[LiveRequest] = []  # taken from _incoming, cache not yet allocated
         self._closing = False
-        self.forward_passes = 0
-        # copies of ended requests' written cache slots, for prompts that start the same
-        # (at most 16384 tokens, held beyond max_cached_tokens)
-        self._prefixes = PrefixStore(prefix_cache_entries)
+        self._failure: str | None = None  # why the scheduler thread died, if it did
+        self.last_step_at: float | None = None
+        self.scheduler = Scheduler(self.tokenizer.decode, clock, prefix_cache_entries)
+        self._runner: ModelRunner | None = None
+        self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._failure:
+            raise EngineError(self._failure)
 
     @classmethod
     def load(cls, name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | str = "auto", download: bool = False,
-             device: torch.device | str = "auto", **kwargs) -> "Engine":
+             device: torch.device | str = "auto", backend: str = "auto", **kwargs) -> "Engine":
         device = resolve_device(device)
-        dtype = resolve_dtype(dtype, device)
+        backend = resolve_backend(backend, device)
+        # the fused pass reads fp32 norms and adapters (its matmuls read the checkpoint's blocks)
+        dtype = torch.float32 if backend == "fused" else resolve_dtype(dtype, device)
 
         def load() -> LoadedModel:
             loaded = load_model(name_or_path, dtype=dtype, download=download)
@@ -106,7 +88,7 @@ class Engine:
             return loaded
 
         # on a short-lived thread, whose OpenMP pool dies with it (see the module docstring)
-        return cls(_on_fresh_thread(load), **kwargs)
+        return cls(_on_fresh_thread(load), backend=backend, **kwargs)
 
     # ---- public API ------------------------------------------------------------------------
     @property
@@ -118,9 +100,25 @@ class Engine:
         return self.config.max_position_embeddings
 
     @property
+    def forward_passes(self) -> int:
+        return self.scheduler.passes
+
+    @property
     def live_requests(self) -> int:
         with self._lock:
-            return len(self._live) + len(self._incoming)
+            return len(self._pending()) + len(self.scheduler.live)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the scheduler thread is running (False once closed or after a fatal error)."""
+        return self._thread.is_alive() and self._failure is None
+
+    def health(self) -> dict:
+        """For /healthz: the scheduler's liveness and when it last finished a step."""
+        age = None if self.last_step_at is None else round(self.clock() - self.last_step_at, 3)
+        return {"alive": self.alive, "failure": self._failure, "backend": self.backend,
+                "live_requests": self.live_requests, "forward_passes": self.forward_passes,
+                "seconds_since_last_step": age}
 
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.prompt_ids(messages, raw=False))
@@ -143,12 +141,15 @@ class Engine:
             raise EngineError("the prompt is empty")
         request = self._make_request(ids, params)
         with self._lock:
+            if self._failure:
+                raise EngineError(f"the engine failed and takes no requests: {self._failure}")
             if self._closing:
                 raise EngineError("the engine is closed")
-            live = self._live + self._incoming
+            live = self._pending() + list(self.scheduler.live)
             if len(live) >= self.max_live_requests:
                 raise EngineOverloaded(f"{len(live)} live requests: the engine's limit is {self.max_live_requests}")
-            cached = sum(r.decoder.cache.max_len for r in live) + request.decoder.cache.max_len
+            cached = sum(r.decoder.cache.max_len for r in live if r.decoder.cache is not None)
+            cached += request.decoder.cache.max_len
             if cached > self.max_cached_tokens:
                 raise EngineOverloaded(f"{cached} cached tokens would exceed the limit of {self.max_cached_tokens}")
             self._incoming.append(request)
@@ -201,168 +202,61 @@ class Engine:
             stats=RequestStats(prompt_tokens=len(ids)),
         )
 
-    # ---- scheduler -------------------------------------------------------------------------
+    # ---- the scheduler thread --------------------------------------------------------------
+    def _pending(self) -> list[LiveRequest]:
+        return self._incoming + self._admitting
+
     def _run(self) -> None:
-        while True:
-            with self._lock:
-                while not self._live and not self._incoming and not self._closing:
-                    self._lock.wait()
-                if self._closing:
-                    for request in self._live + self._incoming:
-                        self._finish(request, "cancelled")
-                    self._live, self._incoming = [], []
-                    self._prefixes.clear()
-                    return
-                for request in self._incoming:
-                    self._admit(request)
-                self._incoming.clear()
-                for request in [r for r in self._live if r.handle.cancelled]:
-                    self._finish(request, "cancelled")
-                batch = self._choose_batch()
-            if batch:
-                self._step(batch)
-
-    def _choose_batch(self) -> list[LiveRequest]:
-        """Every live request, except that background ones (speculative drafts) sit out while a
-        foreground one is live, but for every BACKGROUND_EVERY-th pass: on a CPU each row costs
-        about the same, so a draft that may be thrown away must not slow a reply being heard."""
-        foreground = [r for r in self._live if not r.handle.background]
-        if foreground and self.forward_passes % BACKGROUND_EVERY:
-            return foreground
-        return list(self._live)
-
-    def _admit(self, request: LiveRequest) -> None:
-        """Move a submitted request into the live batch, its cache allocated on this thread."""
         try:
-            request.decoder.cache.allocate()
-        except (RuntimeError, MemoryError) as exc:  # torch reports allocation failure as RuntimeError
-            self._finish(request, "error", error=f"could not allocate the KV cache: {exc}")
+            self._runner = ModelRunner(self.model, self.backend, self.loaded.packed)
+        except Exception as exc:  # e.g. the CPU kernels' weights disagree with the model
+            log.exception("could not set up the model runner")
+            self._failure = f"{type(exc).__name__}: {exc}"
+        self._ready.set()
+        if self._failure:
             return
-        decoder = request.decoder
-        if decoder.reusable_cache:
-            reused = self._prefixes.take(decoder.prompt_ids, decoder.cache, len(decoder.prompt_ids) - 1)
-            if reused:
-                decoder.reuse_prefix(reused)
-                request.stats.cached_prompt_tokens = reused
-        self._live.append(request)
+        try:
+            while self._loop_once():
+                pass
+        except BaseException as exc:  # never die silently: every waiting handle hears why
+            log.exception("the engine's scheduler failed")
+            with self._lock:
+                self._failure = f"{type(exc).__name__}: {exc}"
+                pending, self._incoming, self._admitting = self._pending(), [], []
+            self.scheduler.close(pending, reason="error", error=f"the engine failed: {self._failure}")
+
+    def _loop_once(self) -> bool:
+        """One round: take new requests, drop cancelled ones, run one step; False once closed."""
+        with self._lock:
+            while not self.scheduler.live and not self._incoming and not self._closing:
+                self._lock.wait()
+            if self._closing:
+                pending, self._incoming = self._pending(), []
+                self.scheduler.close(pending)
+                return False
+            self._admitting, self._incoming = self._incoming, []
+        for request in self._admitting:  # cache allocation and prefix copies: outside the lock
+            self.scheduler.admit(request)
+        with self._lock:
+            self._admitting = []
+        self.scheduler.drop_cancelled()
+        batch = self.scheduler.schedule()
+        if batch:
+            self._step(batch)
+        return True
 
     def _step(self, batch: list[LiveRequest]) -> None:
-        plans = [request.decoder.plan() for request in batch]
+        batch, plans = self.scheduler.plan(batch)
+        if not batch:
+            return
         try:
-            tokens, confidence = self._forward(batch, plans)
+            tokens, confidence = self._runner.run(plans, [r.sampling for r in batch])
         except Exception as exc:  # a failed pass ends the requests in it, never the scheduler
             log.exception("forward pass failed")
-            for request in batch:
-                self._finish(request, "error", error=f"{type(exc).__name__}: {exc}")
+            self.scheduler.fail(batch, exc)
             return
-        self.forward_passes += 1
-        token_ids = tokens.tolist()  # one host read for the batch (a device sync on a GPU)
-        steps = []
-        offset = 0
-        for request, plan in zip(batch, plans):
-            rows = slice(offset, offset + len(plan.targets))
-            offset = rows.stop
-            step = self._guarded(request, self._take_predictions, request, plan, token_ids[rows], confidence[rows])
-            if step is not None:
-                steps.append(step)
-        try:
-            chosen = choose_commits([step.choice for step in steps if step.choice is not None])
-        except Exception as exc:
-            log.exception("commit selection failed")
-            for step in steps:
-                self._finish(step.request, "error", error=f"{type(exc).__name__}: {exc}")
-            return
-        picks = iter(chosen)
-        for step in steps:
-            self._guarded(step.request, self._commit, step, next(picks) if step.choice is not None else [])
-
-    def _guarded(self, request: LiveRequest, function: Callable, *args):
-        """function(*args), ending only this request if its bookkeeping fails."""
-        try:
-            return function(*args)
-        except Exception as exc:
-            log.exception("request %d failed", request.handle.request_id)
-            self._finish(request, "error", error=f"{type(exc).__name__}: {exc}")
-            return None
-
-    def _forward(self, batch: list[LiveRequest], plans: list[StepPlan]):
-        segments, rows, starts = [], [], []
-        packed = 0
-        for plan in plans:
-            starts.clear()
-            for segment in plan.segments:
-                starts.append(packed)
-                packed += segment.tokens.numel()
-            segments.extend(plan.segments)
-            rows.extend(starts[t.segment] + t.row for t in plan.targets)
-        with torch.inference_mode():
-            hidden = self.model.forward_segments(segments)
-            predicting = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
-            # greedy: argmax and its probability straight from the head, no [rows, vocab] softmax kept
-            tokens, confidence, _ = confidence_head(predicting, self.model.output_weight)
-            offset = 0
-            for request, plan in zip(batch, plans):
-                count = len(plan.targets)
-                if request.params.temperature > 0:
-                    logits = self.model.logits(predicting[offset:offset + count])
-                    picked = pick_tokens(logits, request.params.temperature, request.generator)
-                    tokens[offset:offset + count], confidence[offset:offset + count] = picked
-                offset += count
-        return tokens, confidence
-
-    def _take_predictions(self, request: LiveRequest, plan: StepPlan, tokens: list[int],
-                          confidence: torch.Tensor) -> PendingStep:
-        decoder, stats = request.decoder, request.stats
-        free, exact = decoder.take_predictions(plan, tokens)
-        step = PendingStep(request, plan, tokens, free, exact)
-        if request.deadline is not None:
-            request.deadline.record_step()
-        if decoder.wants_choice(free, exact):
-            threshold = None
-            if request.deadline is not None:
-                pace = request.committed_in_denoise / max(1, stats.denoise_steps)
-                threshold = request.deadline.threshold(decoder.tokens_left(), pace if stats.denoise_steps else 2.0)
-            step.choice = Choice(request.policy, confidence[free], threshold, decoder.steps_left(request.policy),
-                                 at_least_one=exact == 0)
-        return step
-
-    def _commit(self, step: PendingStep, chosen: list[bool]) -> None:
-        request = step.request
-        decoder, stats = request.decoder, request.stats
-        committed = step.exact + decoder.commit_chosen(step.plan, step.tokens, step.free, chosen)
-        stats.forward_passes += 1
-        stats.denoise_steps += 1
-        request.committed_in_denoise += committed
-        if stats.first_token_s is None and decoder.settled_ids():
-            stats.first_token_s = self.clock() - request.submitted
-        if decoder.finished:
-            self._finish(request, decoder.finish_reason)
-        else:
-            self._publish(request, final=False)
-
-    def _finish(self, request: LiveRequest, reason: str, error: str | None = None) -> None:
-        if request in self._live:
-            self._live.remove(request)
-        decoder = request.decoder
-        if reason != "error" and decoder.reusable_cache:
-            self._prefixes.offer(decoder.cached_token_ids(), decoder.cache)
-        decoder.cache = None  # free the KV cache now, not when the handle dies (the store copied its head)
-        if request.deadline is not None:
-            request.stats.deadline_met = request.deadline.met()
-        self._publish(request, final=True, reason=reason, error=error)
-
-    def _publish(self, request: LiveRequest, final: bool, reason: str | None = None, error: str | None = None) -> None:
-        decoder, stats = request.decoder, request.stats
-        settled = decoder.settled_ids()
-        stats.new_tokens = len(settled)
-        stats.elapsed_s = self.clock() - request.submitted
-        request.handle._publish(DraftUpdate(
-            request_id=request.handle.request_id,
-            committed_text=self.tokenizer.decode(settled),
-            draft_text=self.tokenizer.decode(decoder.draft_ids()),
-            token_ids=settled, step=stats.denoise_steps, final=final, finish_reason=reason,
-            stats=RequestStats(**vars(stats)), error=error,
-        ))
+        self.scheduler.postprocess(batch, plans, tokens, confidence)
+        self.last_step_at = self.clock()
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

@@ -14,8 +14,10 @@ from dllm_engine.loading.assemble import CheckpointError
 from dllm_engine.loading.tokenizer import TextTokenizer
 from dllm_engine.models.config import ModelConfig
 from dllm_engine.models.families import FAMILIES, canonical_name
+from dllm_engine.models.fused_cpu import PackedWeight
 
 SUPPORTED_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+_PACKED_KINDS = {Q.Q8_0: "q8_0", Q.Q4_1: "q4_1"}  # block formats kernels/cpu reads directly
 _ARCH_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
@@ -29,8 +31,9 @@ def read_fields(reader: GGUFReader) -> dict:
     return fields
 
 
-def load_gguf(path: Path) -> tuple[ModelConfig, dict, TextTokenizer]:
-    """Returns (config, canonical tensors, tokenizer)."""
+def load_gguf(path: Path) -> tuple[ModelConfig, dict, TextTokenizer, dict]:
+    """Returns (config, canonical tensors, tokenizer, packed): packed holds the Q8_0 / Q4_1
+    tensors also as their raw blocks, which the CPU kernels read as they are."""
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     reader = GGUFReader(str(path))
@@ -39,19 +42,30 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict, TextTokenizer]:
     if arch not in _ARCH_FAMILY:
         raise CheckpointError(f"{path.name}: unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCH_FAMILY)}")
     family = FAMILIES[_ARCH_FAMILY[arch]]
-    tensors, raw_names = {}, set()
+    tensors, packed, raw_names = {}, {}, set()
     for tensor in reader.tensors:
         raw_names.add(tensor.name)
         key = canonical_name("gguf", tensor.name)
         if key is not None:
             tensors[key] = _dequantize(tensor, path.name)
+            if Q(tensor.tensor_type) in _PACKED_KINDS:
+                packed[key] = _blocks(tensor, tensors[key].shape)
     config = _config_from_fields(fields, arch, family, tied="output.weight" not in raw_names, path=path)
     if arch == "llama":  # llama.cpp permutes Q/K rows per head for its rope layout: undo it
         for (layer, key), tensor in list(tensors.items()):
             if key in ("q", "k"):
                 heads = config.num_heads if key == "q" else config.num_kv_heads
                 tensors[(layer, key)] = _unpermute_rows(tensor, heads)
-    return config, tensors, TextTokenizer.from_gguf_fields(fields)
+                if (layer, key) in packed:  # rows are whole blocks: the same permutation applies
+                    blocks = packed[(layer, key)]
+                    blocks.data = _unpermute_rows(blocks.data, heads)
+    return config, tensors, TextTokenizer.from_gguf_fields(fields), packed
+
+
+def _blocks(tensor, shape: tuple[int, ...]) -> PackedWeight:
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+    data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))  # a copy: the file is mapped read-only
+    return PackedWeight(_PACKED_KINDS[Q(tensor.tensor_type)], data, rows, cols)
 
 
 def _dequantize(tensor, filename: str) -> torch.Tensor:

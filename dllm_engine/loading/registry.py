@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,6 +35,9 @@ class LoadedModel:
     model: Transformer
     tokenizer: TextTokenizer
     config: ModelConfig
+    # the checkpoint's quantized weights as raw blocks, by canonical key (GGUF Q8_0 / Q4_1):
+    # what the fused CPU pass streams instead of the dequantized copies in `model`
+    packed: dict = field(default_factory=dict)
 
     @property
     def parameter_count(self) -> int:
@@ -76,7 +79,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, download: 
     if name_or_path in REGISTRY:
         entry = REGISTRY[name_or_path]
         if entry.base == "gguf:smollm2":
-            loaded = _from_parts(entry.name, *load_gguf(smollm2_gguf_path()), dtype)
+            loaded = _from_parts(entry.name, *load_gguf(smollm2_gguf_path()), dtype=dtype)
         else:
             loaded = load_model(entry.base, dtype)
             loaded.name = entry.name
@@ -85,21 +88,22 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, download: 
         return loaded
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf":
-        return _from_parts(path.name, *load_gguf(path), dtype)
+        return _from_parts(path.name, *load_gguf(path), dtype=dtype)
     if path.is_dir():
-        return _from_parts(path.name, *load_hf_dir(path), dtype)
+        return _from_parts(path.name, *load_hf_dir(path), dtype=dtype)
     if "/" in name_or_path and not path.exists():
-        return _from_parts(name_or_path, *load_hf_dir(_hub_snapshot(name_or_path, download)), dtype)
+        return _from_parts(name_or_path, *load_hf_dir(_hub_snapshot(name_or_path, download)), dtype=dtype)
     raise UnknownModelError(
         f"unknown model {name_or_path!r}: not a registered name ({', '.join(known_names())}), "
         "a .gguf file, a Hugging Face directory, or a hub id (org/name)"
     )
 
 
-def _from_parts(name: str, config: ModelConfig, tensors: dict, tokenizer: TextTokenizer, dtype) -> LoadedModel:
+def _from_parts(name: str, config: ModelConfig, tensors: dict, tokenizer: TextTokenizer, packed: dict | None = None,
+                *, dtype) -> LoadedModel:
     if not config.eos_token_ids or any(i not in config.eos_token_ids for i in tokenizer.stop_ids):
         config.eos_token_ids = sorted(set(config.eos_token_ids) | set(tokenizer.stop_ids))
-    return LoadedModel(name, build_model(config, tensors, dtype, source=name), tokenizer, config)
+    return LoadedModel(name, build_model(config, tensors, dtype, source=name), tokenizer, config, packed or {})
 
 
 def _hub_snapshot(repo_id: str, download: bool) -> Path:

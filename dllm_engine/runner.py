@@ -1,0 +1,106 @@
+"""The model runner: one packed forward pass for a batch's step plans, and its predictions.
+
+The scheduler hands it the live requests of a step and their plans (`StepPlan`: segments and
+the rows whose predictions it needs); the runner packs every segment into one pass, runs the
+output head on the predicting rows only, and returns a token and its confidence per target.
+
+Two passes compute the same thing:
+  fused   kernels/cpu: the whole pass in one C++ call over the checkpoint's own (quantized)
+          blocks; the CPU default where the CPU has AVX2/FMA/F16C (dllm_engine/models/fused_cpu.py)
+  torch   Transformer.forward_segments + kernels.confidence_head: CUDA, other CPUs, and the
+          reference the fused pass is tested against
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+
+from dllm_engine.decoding import StepPlan, pick_tokens
+from dllm_engine.models.transformer import Segment, Transformer
+from kernels import confidence_head
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "fused", "torch")
+
+
+class TorchPass:
+    """Transformer.forward_segments, the head as kernels.confidence_head."""
+
+    def __init__(self, model: Transformer):
+        self.model = model
+
+    def forward(self, segments: list[Segment], rows: list[int]) -> Tensor:
+        hidden = self.model.forward_segments(segments)
+        return hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
+
+    def greedy(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        tokens, confidence, _ = confidence_head(hidden, self.model.output_weight)
+        return tokens, confidence
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.model.logits(hidden)
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """'auto' is the fused CPU pass on a CPU that can run it, else torch."""
+    from kernels import cpu
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and device.type != "cpu"):
+        return "torch"
+    if device.type != "cpu":
+        raise ValueError(f"the fused backend runs on the CPU, not {device}")
+    reason = cpu.available()
+    if reason is None:
+        return "fused"
+    if backend == "fused":
+        raise ValueError(f"the fused CPU backend is not available: {reason}")
+    log.warning("fused CPU kernels unavailable (%s): the engine runs its torch pass", reason)
+    return "torch"
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, backend: str, packed: dict | None = None):
+        self.backend = backend
+        if backend == "fused":
+            from dllm_engine.models.fused_cpu import FusedCpuModel
+
+            self.pass_ = FusedCpuModel(model, packed)
+        else:
+            self.pass_ = TorchPass(model)
+
+    def run(self, plans: list[StepPlan], sampling: list[tuple[float, torch.Generator | None]]) -> tuple[list[int], Tensor]:
+        """One pass over every plan's segments; a token and its confidence for every target, in
+        plan order. sampling[i] is plan i's (temperature, generator): 0 is greedy."""
+        segments, rows = pack(plans)
+        with torch.inference_mode():
+            hidden = self.pass_.forward(segments, rows)
+            tokens, confidence = self.pass_.greedy(hidden)
+            offset = 0
+            for plan, (temperature, generator) in zip(plans, sampling):
+                count = len(plan.targets)
+                if temperature > 0:
+                    logits = self.pass_.logits(hidden[offset:offset + count])
+                    tokens[offset:offset + count], confidence[offset:offset + count] = \
+                        pick_tokens(logits, temperature, generator)
+                offset += count
+        return tokens.tolist(), confidence  # one host read for the batch (a device sync on a GPU)
+
+
+def pack(plans: list[StepPlan]) -> tuple[list[Segment], list[int]]:
+    """Every plan's segments in order, and the packed row of every target."""
+    segments, rows, starts = [], [], []
+    packed = 0
+    for plan in plans:
+        starts.clear()
+        for segment in plan.segments:
+            starts.append(packed)
+            packed += segment.tokens.numel()
+        segments.extend(plan.segments)
+        rows.extend(starts[t.segment] + t.row for t in plan.targets)
+    return segments, rows

@@ -1,0 +1,203 @@
+"""The scheduler: which live requests take part in the next pass, and what a pass's
+predictions do to each of them (commits, finishing, the updates their handles get).
+
+Used from the engine's scheduler thread only; `Engine` owns the thread and the lock that
+`submit()` takes, and hands new requests over through `admit()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from dllm_engine.decoding import BlockCausalDecoder, DeadlineController, FullAttentionDecoder, StepPlan
+from dllm_engine.decoding.batch_commit import Choice, choose_commits
+from dllm_engine.prefix_cache import PrefixStore
+from dllm_engine.request import DraftUpdate, GenerationParams, RequestHandle, RequestStats
+
+log = logging.getLogger(__name__)
+
+BACKGROUND_EVERY = 4  # while foreground requests are live, background ones join one pass in this many
+
+
+@dataclass
+class LiveRequest:
+    handle: RequestHandle
+    params: GenerationParams
+    decoder: BlockCausalDecoder | FullAttentionDecoder
+    policy: object
+    threshold: float
+    submitted: float
+    deadline: DeadlineController | None
+    generator: torch.Generator | None
+    stats: RequestStats = field(default_factory=RequestStats)
+    committed_in_denoise: int = 0
+
+    @property
+    def sampling(self) -> tuple[float, torch.Generator | None]:
+        return self.params.temperature, self.generator
+
+
+@dataclass
+class PendingStep:
+    """A request between its step's predictions and its commits."""
+
+    request: LiveRequest
+    plan: StepPlan
+    tokens: list[int]
+    free: list[int]
+    exact: int  # commits already made: forced AR tokens and verified drafts
+    choice: Choice | None = None  # None: nothing left for the policy to decide
+
+
+class Scheduler:
+    def __init__(self, decode: Callable[[list[int]], str], clock: Callable[[], float], prefix_cache_entries: int):
+        self.decode = decode
+        self.clock = clock
+        self.live: list[LiveRequest] = []
+        self.passes = 0
+        # copies of ended requests' written cache slots, for prompts that start the same
+        # (at most 16384 tokens, held beyond the engine's max_cached_tokens)
+        self.prefixes = PrefixStore(prefix_cache_entries)
+
+    # ---- admission and batch choice ----------------------------------------------------------
+    def admit(self, request: LiveRequest) -> None:
+        """Allocate the request's KV cache, copy a cached prompt head into it, make it live."""
+        try:
+            request.decoder.cache.allocate()
+        except (RuntimeError, MemoryError) as exc:  # torch reports allocation failure as RuntimeError
+            self.finish(request, "error", error=f"could not allocate the KV cache: {exc}")
+            return
+        decoder = request.decoder
+        if decoder.reusable_cache:
+            reused = self.prefixes.take(decoder.prompt_ids, decoder.cache, len(decoder.prompt_ids) - 1)
+            if reused:
+                decoder.reuse_prefix(reused)
+                request.stats.cached_prompt_tokens = reused
+        self.live.append(request)
+
+    def drop_cancelled(self) -> None:
+        for request in [r for r in self.live if r.handle.cancelled]:
+            self.finish(request, "cancelled")
+
+    def schedule(self) -> list[LiveRequest]:
+        """Every live request, except that background ones (speculative drafts) sit out while a
+        foreground one is live, but for every BACKGROUND_EVERY-th pass: on a CPU each row costs
+        about the same, so a draft that may be thrown away must not slow a reply being heard."""
+        foreground = [r for r in self.live if not r.handle.background]
+        if foreground and self.passes % BACKGROUND_EVERY:
+            return foreground
+        return list(self.live)
+
+    def plan(self, batch: list[LiveRequest]) -> tuple[list[LiveRequest], list[StepPlan]]:
+        """Each request's plan for this pass; a request whose plan fails ends alone."""
+        planned = []
+        for request in batch:
+            plan = self._guarded(request, request.decoder.plan)
+            if plan is not None:
+                planned.append((request, plan))
+        return [r for r, _ in planned], [p for _, p in planned]
+
+    # ---- after the pass ------------------------------------------------------------------------
+    def postprocess(self, batch: list[LiveRequest], plans: list[StepPlan], tokens: list[int],
+                    confidence: torch.Tensor) -> None:
+        """Exact commits, one batched commit choice for the rest, then each request's commits."""
+        self.passes += 1
+        steps, offset = [], 0
+        for request, plan in zip(batch, plans):
+            rows = slice(offset, offset + len(plan.targets))
+            offset = rows.stop
+            step = self._guarded(request, self._take_predictions, request, plan, tokens[rows], confidence[rows])
+            if step is not None:
+                steps.append(step)
+        try:
+            chosen = choose_commits([step.choice for step in steps if step.choice is not None])
+        except Exception as exc:
+            log.exception("commit selection failed")
+            for step in steps:
+                self.finish(step.request, "error", error=f"{type(exc).__name__}: {exc}")
+            return
+        picks = iter(chosen)
+        for step in steps:
+            self._guarded(step.request, self._commit, step, next(picks) if step.choice is not None else [])
+
+    def fail(self, batch: list[LiveRequest], exc: Exception) -> None:
+        for request in batch:
+            self.finish(request, "error", error=f"{type(exc).__name__}: {exc}")
+
+    def _take_predictions(self, request: LiveRequest, plan: StepPlan, tokens: list[int],
+                          confidence: torch.Tensor) -> PendingStep:
+        decoder, stats = request.decoder, request.stats
+        free, exact = decoder.take_predictions(plan, tokens)
+        step = PendingStep(request, plan, tokens, free, exact)
+        if request.deadline is not None:
+            request.deadline.record_step()
+        if decoder.wants_choice(free, exact):
+            threshold = None
+            if request.deadline is not None:
+                pace = request.committed_in_denoise / max(1, stats.denoise_steps)
+                threshold = request.deadline.threshold(decoder.tokens_left(), pace if stats.denoise_steps else 2.0)
+            step.choice = Choice(request.policy, confidence[free], threshold, decoder.steps_left(request.policy),
+                                 at_least_one=exact == 0)
+        return step
+
+    def _commit(self, step: PendingStep, chosen: list[bool]) -> None:
+        request = step.request
+        decoder, stats = request.decoder, request.stats
+        committed = step.exact + decoder.commit_chosen(step.plan, step.tokens, step.free, chosen)
+        stats.forward_passes += 1
+        stats.denoise_steps += 1
+        request.committed_in_denoise += committed
+        if stats.first_token_s is None and decoder.settled_ids():
+            stats.first_token_s = self.clock() - request.submitted
+        if decoder.finished:
+            self.finish(request, decoder.finish_reason)
+        else:
+            self.publish(request, final=False)
+
+    def _guarded(self, request: LiveRequest, function: Callable, *args):
+        """function(*args), ending only this request if its bookkeeping fails."""
+        try:
+            return function(*args)
+        except Exception as exc:
+            log.exception("request %d failed", request.handle.request_id)
+            self.finish(request, "error", error=f"{type(exc).__name__}: {exc}")
+            return None
+
+    # ---- ending and telling --------------------------------------------------------------------
+    def finish(self, request: LiveRequest, reason: str, error: str | None = None) -> None:
+        if request in self.live:
+            self.live.remove(request)
+        decoder = request.decoder
+        if reason != "error" and decoder.reusable_cache and decoder.cache is not None:
+            self.prefixes.offer(decoder.cached_token_ids(), decoder.cache)
+        decoder.cache = None  # free the KV cache now, not when the handle dies (the store copied its head)
+        if request.deadline is not None:
+            request.stats.deadline_met = request.deadline.met()
+        self.publish(request, final=True, reason=reason, error=error)
+
+    def publish(self, request: LiveRequest, final: bool, reason: str | None = None, error: str | None = None) -> None:
+        decoder, stats = request.decoder, request.stats
+        settled = decoder.settled_ids()
+        stats.new_tokens = len(settled)
+        stats.elapsed_s = self.clock() - request.submitted
+        request.handle._publish(DraftUpdate(
+            request_id=request.handle.request_id,
+            committed_text=self.decode(settled),
+            draft_text=self.decode(decoder.draft_ids()),
+            token_ids=settled, step=stats.denoise_steps, final=final, finish_reason=reason,
+            stats=RequestStats(**vars(stats)), error=error,
+        ))
+
+    def close(self, pending: list[LiveRequest], reason: str = "cancelled", error: str | None = None) -> None:
+        """End every live and pending request (engine closing, or the scheduler failing)."""
+        for request in self.live + pending:
+            try:
+                self.finish(request, reason, error=error)
+            except Exception:  # one handle's failure must not keep the others waiting
+                log.exception("could not end request %d", request.handle.request_id)
+        self.live = []
+        self.prefixes.clear()

@@ -1,0 +1,40 @@
+// Attention of a packed pass's segments over their requests' KV caches.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dllm {
+
+enum Visibility : int64_t { kFull = 0, kCausal = 1, kBlocks = 2 };
+
+// A run of one request's rows in the pass (see dllm_engine.models.transformer.Segment).
+struct Segment {
+  int64_t row0, rows;    // rows [row0, row0 + rows) of the pass
+  int64_t pos0;          // position of the first row in the request's sequence
+  int64_t attend_len;    // keys [0, attend_len) of the cache are candidates
+  int64_t visibility;    // kFull | kCausal | kBlocks
+  int64_t block_size;    // for kBlocks
+  float* k;              // cache [layers, kv_heads, max_len, head_dim]
+  float* v;
+  int64_t max_len;
+
+  // keys [0, limit) that row i of the segment may see
+  int64_t key_limit(int64_t i) const {
+    if (visibility == kCausal) return pos0 + i + 1;
+    if (visibility == kBlocks) return std::min(attend_len, pos0 + (i / block_size + 1) * block_size);
+    return attend_len;
+  }
+};
+
+struct AttentionShape {
+  int64_t heads, kv_heads, head_dim;
+};
+
+// One layer's attention for a pass: each segment's keys and values (from qkv, rows of
+// [q | k | v] after rope, row stride ld) go into its cache at its positions, then
+// out[row, heads * head_dim] = softmax(q kᵀ / sqrt(d)) v per head, keys limited per row.
+void attention(const std::vector<Segment>& segments, int64_t layer, const AttentionShape& shape, const float* qkv,
+               int64_t ld, float* out);
+
+}  // namespace dllm

@@ -1,0 +1,162 @@
+"""The fused CPU pass (kernels/cpu) computes what the torch pass computes: the same matmuls over
+the checkpoint's quantized blocks, every family's attention, the adapter, the greedy head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+
+from dllm_engine.engine import Engine
+from dllm_engine.loading import load_model
+from dllm_engine.models.fused_cpu import FusedCpuModel
+from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.request import GenerationParams
+from kernels import cpu
+from tiny_checkpoints import FAMILY_SPECS, GGUF_VARIANTS, write_hf_checkpoint, write_tiny_llama_gguf
+
+pytestmark = pytest.mark.skipif(cpu.available() is not None, reason=f"CPU kernels unavailable: {cpu.available()}")
+
+TOLERANCE = 1e-4  # fp32, different summation order
+
+
+def _blocks(values: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(raw blocks as uint8, the values they dequantize to)"""
+    blocks = quantize(values.numpy(), qtype)
+    dense = np.array(dequantize(blocks, qtype), dtype=np.float32).reshape(values.shape)
+    return torch.from_numpy(blocks.view(np.uint8).reshape(-1).copy()), torch.from_numpy(dense)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0", "q4_1"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
+@pytest.mark.parametrize("shape", [(960, 576), (37, 64), (5, 32)])
+def test_matmul_equals_the_dequantized_weights(kind, rows, shape):
+    """Every row count takes one of the kernel's paths (direct below 9 rows, panels above),
+    and column counts that are no multiple of its tiles end right."""
+    out_features, in_features = shape
+    weight, x = torch.randn(out_features, in_features), torch.randn(rows, in_features)
+    if kind == "f32":
+        y = cpu.extension().linear(x, weight, cpu.F32, out_features, in_features)
+        dense = weight
+    else:
+        raw, dense = _blocks(weight, Q.Q8_0 if kind == "q8_0" else Q.Q4_1)
+        y = cpu.extension().linear(x, raw, cpu.Q8_0 if kind == "q8_0" else cpu.Q4_1, out_features, in_features)
+    assert float((y - x @ dense.T).abs().max()) < 1e-3
+
+
+def test_matmul_refuses_blocks_that_do_not_fit_the_shape():
+    raw, _ = _blocks(torch.randn(8, 64), Q.Q4_1)
+    with pytest.raises(RuntimeError, match="byte size does not match its shape"):
+        cpu.extension().linear(torch.randn(1, 64), raw, cpu.Q4_1, 9, 64)
+    with pytest.raises(RuntimeError, match="whole blocks of 32"):
+        cpu.extension().linear(torch.randn(1, 48), torch.zeros(8 * 48, dtype=torch.uint8), cpu.Q4_1, 8, 48)
+
+
+def _passes(model, steps):
+    """The hidden states of every row of each pass in `steps` (lists of segment factories over
+    fresh caches), through the torch pass and the fused pass."""
+    fused = FusedCpuModel(model)
+    results = []
+    for forward in ("torch", "fused"):
+        caches = [KVCache(model.config, 64, torch.float32) for _ in range(2)]
+        outputs = []
+        for make_segments in steps:
+            segments = make_segments(caches)
+            rows = list(range(sum(s.tokens.numel() for s in segments)))
+            with torch.inference_mode():
+                if forward == "torch":
+                    outputs.append(model.forward_segments(segments))
+                else:
+                    outputs.append(fused.forward(segments, rows))
+        results.append(torch.cat(outputs))
+    return results
+
+
+def _tokens(count: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, 200, (count,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory, tiny_tokenizer):
+    root = tmp_path_factory.mktemp("fused-families")
+    for index, (name, spec) in enumerate(FAMILY_SPECS.items()):
+        write_hf_checkpoint(root / name, spec, tiny_tokenizer, seed=index)
+    return root
+
+
+@pytest.mark.parametrize("family", list(FAMILY_SPECS))
+def test_every_family_gives_the_torch_pass_hidden_states(family, family_dirs):
+    """Two requests packed together: a prefill, then a step whose second segment overwrites the
+    cache slots the first one just wrote (a block over checked drafts), in each visibility."""
+    model = load_model(str(family_dirs / family), dtype=torch.float32).model
+    visibility = "blocks" if FAMILY_SPECS[family].attention == "block_causal" else "causal"
+    steps = [
+        lambda c: [Segment(_tokens(10, 1), 0, c[0], 10, visibility, block_size=4),
+                   Segment(_tokens(7, 2), 0, c[1], 7, "full")],
+        lambda c: [Segment(_tokens(4, 3), 10, c[0], 14, "causal"),  # 2 settled tokens + 2 drafts
+                   Segment(_tokens(5, 4), 12, c[0], 17, "full"),  # the block, over the drafts' slots
+                   Segment(_tokens(1, 5), 7, c[1], 8, "causal")],
+    ]
+    torch_hidden, fused_hidden = _passes(model, steps)
+    assert float((torch_hidden - fused_hidden).abs().max()) < TOLERANCE
+
+
+def test_the_adapter_acts_on_adapter_segments_only(make_tiny_bd):
+    loaded = make_tiny_bd(seed=7)
+    mask = loaded.config.mask_token_id
+    steps = [
+        lambda c: [Segment(_tokens(9, 1), 0, c[0], 9, "causal")],
+        lambda c: [Segment(_tokens(3, 2), 9, c[0], 12, "causal"),
+                   Segment(torch.tensor([mask, 7, mask, mask]), 10, c[0], 14, "full", adapter=True)],
+    ]
+    torch_hidden, fused_hidden = _passes(loaded.model, steps)
+    assert float((torch_hidden - fused_hidden).abs().max()) < TOLERANCE
+
+
+def test_gguf_blocks_are_read_as_stored(tmp_path, tiny_tokenizer):
+    """SmolLM2's layout (Q4_1 projections, Q8_0 tied embeddings, permuted q/k rows): the fused
+    pass streams the raw blocks and gives the dequantized torch model's hidden states."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(path, tiny_tokenizer, GGUF_VARIANTS["smollm2"])
+    loaded = load_model(str(path), dtype=torch.float32)
+    assert {key for _, key in loaded.packed} == {"embed", "q", "k", "v", "o", "gate", "up", "down"}
+    fused = FusedCpuModel(loaded.model, loaded.packed)
+    tokens = _tokens(12, 3)
+    with torch.inference_mode():
+        expected = loaded.model.forward_segments([Segment(tokens, 0, KVCache(loaded.config, 16, torch.float32), 12)])
+        got = fused.forward([Segment(tokens, 0, KVCache(loaded.config, 16, torch.float32), 12)], list(range(12)))
+        logits = loaded.model.logits(expected)
+    assert float((expected - got).abs().max()) < TOLERANCE
+    assert float((fused.logits(got) - logits).abs().max()) < TOLERANCE
+    tokens_out, confidence = fused.greedy(got)
+    assert tokens_out.tolist() == logits.argmax(-1).tolist()
+    assert torch.allclose(confidence, torch.softmax(logits, -1).max(-1).values, atol=1e-5)
+
+
+def test_a_malformed_pass_is_refused_with_what_was_wrong(make_tiny_bd):
+    loaded = make_tiny_bd(seed=1)
+    fused = FusedCpuModel(loaded.model)
+    cache = KVCache(loaded.config, 16, torch.float32)
+    with pytest.raises(ValueError, match="fp32 KV caches"):
+        fused.forward([Segment(_tokens(3, 1), 0, KVCache(loaded.config, 16, torch.bfloat16), 3)], [0])
+    with pytest.raises(RuntimeError, match="output row out of range"):
+        fused.forward([Segment(_tokens(3, 1), 0, cache, 3)], [3])
+    with pytest.raises(RuntimeError, match="token id out of range"):
+        fused.forward([Segment(torch.tensor([10**6]), 0, cache, 1)], [0])
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "autoregressive"])
+def test_the_engine_gives_the_same_tokens_on_either_pass(make_tiny_bd, mode):
+    loaded = make_tiny_bd(seed=2)
+    params = GenerationParams(mode=mode, max_new_tokens=12, block_size=4, threshold=0.3, stop_at_eos=False)
+    replies = {}
+    for backend in ("torch", "fused"):
+        engine = Engine(loaded, backend=backend)
+        try:
+            assert engine.backend == backend
+            replies[backend] = [engine.generate(p, params).token_ids for p in ("Hello there!", "Tell me a story.")]
+        finally:
+            engine.close()
+    assert replies["fused"] == replies["torch"]
