@@ -110,7 +110,7 @@ def cmd_chat(args) -> int:
                     print(f"\r\x1b[2Kbot> {update.draft_text}", end="", flush=True)
             except KeyboardInterrupt:
                 handle.cancel()
-                final = handle.wait()
+                final = handle.result()
             print()
             reply = final.committed_text if final else ""
             history.append({"role": "assistant", "content": reply})

@@ -155,11 +155,6 @@ class RequestHandle:
     def done(self) -> bool:
         return self._finished.is_set()
 
-    def wait(self, timeout: float | None = None) -> DraftUpdate | None:
-        """Block until the request ends; returns its final update."""
-        self._finished.wait(timeout)
-        return self.last
-
     def result(self, timeout: float | None = None) -> DraftUpdate:
         """Block until the request ends; its final update (every call, not just the first)."""
         if not self._finished.wait(timeout):

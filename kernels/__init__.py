@@ -1,16 +1,18 @@
 """Fused compute ops for the denoising hot path of the diffusion LLM engine.
 
-Each op has a plain-torch `reference` (the CPU path and the test oracle) and a Triton kernel
+kernels/cpu: the whole forward pass in C++ for CPUs (AVX2), over quantized weights.
+
+Each of the ops below has a plain-torch `reference` (the CPU path and the test oracle) and a Triton kernel
 for CUDA, behind one function that dispatches on the device of its inputs. `backend=` forces
 one ('reference' or 'triton'; the latter on CPU only under TRITON_INTERPRET=1). Triton is
 optional: without it every op runs its reference.
 """
 
 from kernels.block_attention import block_attention
-from kernels.commit_selection import FORCE_BEST, FORCE_LEFTMOST, FORCE_NONE, commit_tokens_, select_commits
+from kernels.commit_selection import FORCE_BEST, FORCE_LEFTMOST, FORCE_NONE, select_commits
 from kernels.dispatch import BACKENDS, Backend
 from kernels.head_confidence import confidence_head
 
 __all__ = [
-    "BACKENDS", "FORCE_BEST", "FORCE_LEFTMOST", "FORCE_NONE", "Backend", "block_attention", "commit_tokens_", "confidence_head", "select_commits",
+    "BACKENDS", "FORCE_BEST", "FORCE_LEFTMOST", "FORCE_NONE", "Backend", "block_attention", "confidence_head", "select_commits",
 ]

@@ -53,25 +53,6 @@ def check_inputs(confidence: torch.Tensor, masked: torch.Tensor, threshold: torc
             )
 
 
-def check_token_inputs(tokens: torch.Tensor, candidate_tokens: torch.Tensor, masked: torch.Tensor) -> None:
-    """The extra tensors of `commit_tokens_`: same shape and device as the mask, integer."""
-    for name, tensor in (("tokens", tokens), ("candidate_tokens", candidate_tokens)):
-        if tensor.shape != masked.shape:
-            raise ValueError(
-                f"commit_tokens_: {name} shape {tuple(tensor.shape)} differs from masked "
-                f"shape {tuple(masked.shape)}"
-            )
-        if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
-            raise ValueError(f"commit_tokens_: {name} must hold integer token ids, got {tensor.dtype}")
-        if tensor.device != masked.device:
-            raise ValueError(f"commit_tokens_: {name} is on {tensor.device}, masked on {masked.device}")
-    if tokens.dtype != candidate_tokens.dtype:
-        raise ValueError(
-            f"commit_tokens_: tokens ({tokens.dtype}) and candidate_tokens "
-            f"({candidate_tokens.dtype}) must have the same dtype"
-        )
-
-
 def reference(confidence: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor,
               force: torch.Tensor | None = None) -> torch.Tensor:
     """Plain torch: bool [R, B] of the positions to commit."""
@@ -106,29 +87,3 @@ def select_commits(
     from kernels.triton_ops.commit_selection import run_select_commits
 
     return run_select_commits(confidence, masked, threshold, force)
-
-
-def reference_commit_tokens_(
-    tokens: torch.Tensor, masked: torch.Tensor, candidate_tokens: torch.Tensor,
-    confidence: torch.Tensor, threshold: torch.Tensor,
-) -> torch.Tensor:
-    """Plain torch `commit_tokens_`."""
-    committed = reference(confidence, masked, threshold)
-    tokens.copy_(torch.where(committed, candidate_tokens, tokens))
-    masked &= ~committed
-    return committed
-
-
-def commit_tokens_(
-    tokens: torch.Tensor, masked: torch.Tensor, candidate_tokens: torch.Tensor,
-    confidence: torch.Tensor, threshold: torch.Tensor, *, backend: Backend = "auto",
-) -> torch.Tensor:
-    """Select commits as `select_commits` does, then in place write candidate_tokens into
-    tokens and clear masked at the committed positions. Returns the committed bool [R, B]."""
-    check_inputs(confidence, masked, threshold)
-    check_token_inputs(tokens, candidate_tokens, masked)
-    if resolve_backend(backend, confidence.device, "commit_tokens_") == "reference":
-        return reference_commit_tokens_(tokens, masked, candidate_tokens, confidence, threshold)
-    from kernels.triton_ops.commit_selection import run_commit_tokens_
-
-    return run_commit_tokens_(tokens, masked, candidate_tokens, confidence, threshold)

@@ -22,9 +22,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dllm_engine.engine import Engine  # noqa: E402
+from dllm_engine.engine import Engine, resolve_dtype  # noqa: E402
 from dllm_engine.loading import load_model  # noqa: E402
-from dllm_engine.loading.registry import ADAPTER_DIR, make_block_diffusion  # noqa: E402
+from dllm_engine.loading.registry import ADAPTER_DIR, load_adapter_weights, make_block_diffusion  # noqa: E402
 from dllm_engine.training.distill import distill  # noqa: E402
 from dllm_engine.training.prompts import voice_prompts  # noqa: E402
 from dllm_engine.training.trainer import (  # noqa: E402
@@ -37,15 +37,18 @@ def main() -> None:
     parser.add_argument("--stage", choices=["all", "distill", "train", "export"], default="all",
                         help="export: write the adapter from the last checkpoint without training further")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-bd")
-    parser.add_argument("--train-prompts", type=int, default=2000)
+    parser.add_argument("--train-prompts", type=int, default=6000, help="first turns; each also gets a second turn")
     parser.add_argument("--eval-prompts", type=int, default=150)
     parser.add_argument("--max-new-tokens", type=int, default=80)
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--max-steps", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=8, help="the decode block the drafter is trained for")
+    parser.add_argument("--anchors", type=int, default=8, help="masked blocks per sequence per step")
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this adapter (.safetensors of the same rank), e.g. the shipped one")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
@@ -62,18 +65,23 @@ def main() -> None:
     (args.run_dir / "eval_prompts.json").write_text(json.dumps(eval_prompts, indent=1))
 
     engine = Engine.load("smollm2-135m", dtype="float32", max_live_requests=64)
-    records = distill(engine, train_prompts, args.run_dir / "train.jsonl", args.max_new_tokens)
+    records = distill(engine, train_prompts, args.run_dir / "train.jsonl", args.max_new_tokens, second_turns=True,
+                      seed=args.seed)
     distill(engine, eval_prompts, args.run_dir / "eval.jsonl", args.max_new_tokens)
     engine.close()
     if args.stage == "distill":
         return
 
-    config = TrainConfig(block_size=args.block_size, rank=args.rank, alpha=2.0 * args.rank,
+    config = TrainConfig(block_size=args.block_size, anchors=args.anchors, rank=args.rank, alpha=2.0 * args.rank,
                          batch_size=args.batch_size, lr=args.lr, max_steps=args.max_steps,
                          minutes=args.minutes, seed=args.seed)
-    loaded = load_model("smollm2-135m", dtype=torch.bfloat16)
+    # fp32 base: bf16 matmuls are emulated (slow) on CPUs without avx512_bf16
+    base_dtype = torch.bfloat16 if resolve_dtype("auto") == torch.bfloat16 else torch.float32
+    loaded = load_model("smollm2-135m", dtype=base_dtype)
     make_block_diffusion(loaded, config.rank, config.alpha, config.block_size, DEFAULT_THRESHOLD,
                          adapter_dtype=torch.float32)
+    if args.init and not (args.run_dir / "checkpoint.pt").exists():
+        load_adapter_weights(loaded, args.init)
     if args.stage == "export":
         history = load_checkpoint(loaded, args.run_dir / "checkpoint.pt")
     else:

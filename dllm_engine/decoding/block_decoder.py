@@ -22,7 +22,6 @@ with a dual cache refreshed by one full pass at every block start.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from dllm_engine.decoding.plan import StepPlan, Target
 from dllm_engine.models.transformer import KVCache, Segment
@@ -100,20 +99,6 @@ class BlockDecoderBase:
         self.guesses = [self.mask_id] * size
         self.steps_in_block = 0
         return True
-
-    def apply(self, plan: StepPlan, tokens: Tensor, confidence: Tensor, policy, threshold: float | None) -> int:
-        """Commit from this step's predictions (one per plan target); returns tokens committed.
-
-        The engine runs the same three phases itself, so that one batched selection serves
-        every request of a step: `take_predictions`, a policy's choice over the free targets
-        (when `wants_choice`), then `commit_chosen`."""
-        tokens = tokens.tolist()
-        free, exact = self.take_predictions(plan, tokens)
-        chosen: list[bool] = []
-        if self.wants_choice(free, exact):
-            chosen = policy.select(confidence[free].clone(), self.steps_left(policy), threshold,
-                                   at_least_one=exact == 0).tolist()
-        return exact + self.commit_chosen(plan, tokens, free, chosen)
 
     def take_predictions(self, plan: StepPlan, tokens: list[int]) -> tuple[list[int], int]:
         """Record this step's guesses and commit its exact ones (forced targets, verified

@@ -136,6 +136,11 @@ def attach_adapter(loaded: LoadedModel, path: Path) -> None:
     block_size = int(meta.get("decode_block_size", meta["block_size"]))
     make_block_diffusion(loaded, rank=int(meta["rank"]), alpha=float(meta["alpha"]),
                          block_size=block_size, threshold=float(meta.get("threshold", 0.9)))
+    load_adapter_weights(loaded, path)
+
+
+def load_adapter_weights(loaded: LoadedModel, path: Path) -> None:
+    """Copy an adapter file's LoRA and mask embedding into a model that has an adapter of its shape."""
     state = load_file(str(path))
     model = loaded.model
     expected = {n for n, p in model.named_parameters() if "lora" in n or n == "mask_embedding"}

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -44,10 +43,6 @@ class KVCache:
         if self.k is None:
             self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
             self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
-
-    @property
-    def num_bytes(self) -> int:
-        return 2 * math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass

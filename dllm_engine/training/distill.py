@@ -5,45 +5,61 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from pathlib import Path
 
 from dllm_engine.engine import Engine
 from dllm_engine.request import GenerationParams
-from dllm_engine.training.prompts import conversation
+from dllm_engine.training.prompts import conversation, second_turn
 
 log = logging.getLogger(__name__)
 
 
-def distill(engine: Engine, prompts: list[str], out: Path, max_new_tokens: int, concurrency: int = 32) -> list[dict]:
-    """Make (or finish making) one record per prompt; returns all records in prompt order."""
+def _key(messages: list[dict]) -> str:
+    return json.dumps(messages, sort_keys=True)
+
+
+def distill(engine: Engine, prompts: list[str], out: Path, max_new_tokens: int, concurrency: int = 32,
+            second_turns: bool = False, seed: int = 0) -> list[dict]:
+    """One record per prompt (half with the voice system prompt), and with `second_turns` one
+    more per first turn: a follow-up, or a question over a reply cut off as by a barge-in.
+    Makes only what `out` lacks; returns every record."""
+    firsts = [conversation(p, voice_system=i % 2 == 0) for i, p in enumerate(prompts)]
+    done = _answer(engine, firsts, out, max_new_tokens, concurrency)
+    records = [done[_key(m)] for m in firsts]
+    if second_turns:
+        rng = random.Random(seed)
+        seconds = [second_turn(r["messages"], r["reply"], rng) for r in records]
+        done = _answer(engine, seconds, out, max_new_tokens, concurrency)
+        records += [done[_key(m)] for m in seconds]
+    return records
+
+
+def _answer(engine: Engine, conversations: list[list[dict]], out: Path, max_new_tokens: int,
+            concurrency: int) -> dict[str, dict]:
     done = {}
     if out.exists():
         for line in out.read_text().splitlines():
             record = json.loads(line)
-            done[record["prompt"]] = record
-    todo = [p for p in prompts if p not in done]
-    log.info("distillation: %d cached, %d to make", len(done), len(todo))
+            done[_key(record["messages"])] = record
+    todo = [m for m in conversations if _key(m) not in done]
+    log.info("distillation: %d cached, %d to make", len(conversations) - len(todo), len(todo))
     params = GenerationParams(mode="autoregressive", max_new_tokens=max_new_tokens)
     started, made = time.monotonic(), 0
     with out.open("a") as sink:
         for first in range(0, len(todo), concurrency):
-            wave = todo[first:first + concurrency]
-            jobs = []
-            for index, prompt in enumerate(wave):
-                messages = conversation(prompt, voice_system=(first + index) % 2 == 0)
-                jobs.append((prompt, messages, engine.submit(messages, params)))
-            for prompt, messages, handle in jobs:
+            jobs = [(m, engine.submit(m, params)) for m in todo[first:first + concurrency]]
+            for messages, handle in jobs:
                 final = handle.result()
-                record = {"prompt": prompt, "messages": messages,
+                record = {"prompt": messages[-1]["content"], "messages": messages,
                           "prompt_ids": engine.prompt_ids(messages, raw=False),
                           "reply_ids": final.token_ids, "reply": final.committed_text,
                           "finished": final.finish_reason == "stop"}
                 sink.write(json.dumps(record) + "\n")
-                done[prompt] = record
+                done[_key(messages)] = record
                 made += 1
             sink.flush()
             rate = made / (time.monotonic() - started)
-            log.info("distilled %d/%d (%.2f replies/s)", len(done), len(prompts), rate)
-            print(f"distilled {len(done)}/{len(prompts)} ({rate:.2f} replies/s)", flush=True)
-    return [done[p] for p in prompts if p in done]
+            print(f"distilled {made}/{len(todo)} ({rate:.2f} replies/s)", flush=True)
+    return done

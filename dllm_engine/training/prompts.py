@@ -64,7 +64,52 @@ _TEMPLATES = [
     ("Recommend a {kind} for tonight.", {"kind": ["movie", "book", "dinner", "board game", "song", "podcast"]}),
     ("What's a good name for {pet}?", {"pet": ["a cat", "a dog", "a goldfish", "a hamster", "a parrot"]}),
     ("{small_talk}", {"small_talk": _SMALL_TALK}),
+    ("How far is {country} from {country2}?", {"country": _COUNTRIES, "country2": _COUNTRIES}),
+    ("What food is {country} famous for?", {"country": _COUNTRIES}),
+    ("What's the weather usually like in {country}?", {"country": _COUNTRIES}),
+    ("How does {topic} work?", {"topic": _TOPICS}),
+    ("Who discovered {topic}?", {"topic": _TOPICS}),
+    ("Tell me three things about {topic}.", {"topic": _TOPICS}),
+    ("Explain {topic} to a five year old.", {"topic": _TOPICS}),
+    ("What is the difference between {animals} and {animals2}?", {"animals": _ANIMALS, "animals2": _ANIMALS}),
+    ("How long do {animals} live?", {"animals": _ANIMALS}),
+    ("I want to {task}. Where do I start?", {"task": _TASKS}),
+    ("Is it hard to {task}?", {"task": _TASKS}),
+    ("Give me a quick tip to {task}.", {"task": _TASKS}),
+    ("Tell me a bedtime story about {thing}.", {"thing": _THINGS}),
+    ("Describe {thing} in one sentence.", {"thing": _THINGS}),
+    ("What is {a} divided by {b}?", {"a": [12, 20, 36, 48, 60, 81, 100, 144], "b": [2, 3, 4, 6]}),
+    ("Set a timer for {minutes} minutes.", {"minutes": [1, 2, 5, 10, 15, 20, 30, 45]}),
+    ("Remind me to {errand} tomorrow.", {"errand": ["buy milk", "call the dentist", "water the plants",
+                                                   "pay the rent", "send the report", "walk the dog"]}),
+    ("What time is it in {country}?", {"country": _COUNTRIES}),
+    ("Can you help me {help}?", {"help": ["plan dinner", "write a birthday message", "pick a gift",
+                                           "name my band", "relax", "think of a hobby", "choose a book"]}),
+    ("What does the word {word} mean?", {"word": ["serendipity", "ephemeral", "resilient", "curious", "nostalgia",
+                                                   "gravity", "empathy", "photosynthesis", "algorithm"]}),
+    ("Translate {phrase} into {language}.", {"phrase": ["hello", "thank you", "good morning", "see you soon"],
+                                             "language": ["Spanish", "French", "German", "Italian"]}),
 ]
+
+# What people say next, once the assistant has answered ({topic} etc. as above).
+_FOLLOW_UPS = [
+    ("Tell me more.", {}), ("Why?", {}), ("Can you say that shorter?", {}), ("Really? How come?", {}),
+    ("Thanks! And what about {country}?", {"country": _COUNTRIES}), ("Okay. What is {topic}?", {"topic": _TOPICS}),
+    ("Interesting. Give me another example.", {}), ("I don't understand. Can you explain it again?", {}),
+    ("Great, thank you!", {}), ("And how do I {task}?", {"task": _TASKS}), ("What do {animals} eat?", {"animals": _ANIMALS}),
+    ("That's funny. Tell me another one.", {}), ("Is that true?", {}), ("What is {a} plus {b}?", {"a": list(range(1, 30)), "b": list(range(1, 30))}),
+]
+# What people say when they cut the assistant off mid-reply.
+_BARGE_INS = [
+    ("Stop. What is the capital of {country}?", {"country": _COUNTRIES}),
+    ("Wait, actually, what is {a} plus {b}?", {"a": list(range(1, 30)), "b": list(range(1, 30))}),
+    ("Sorry, can you tell me about {topic} instead?", {"topic": _TOPICS}),
+    ("Okay, okay. How do I {task}?", {"task": _TASKS}), ("Never mind. Tell me a joke about {animals}.", {"animals": _ANIMALS}),
+    ("Hold on. Where do {animals} live?", {"animals": _ANIMALS}), ("Stop, that's enough. Thanks.", {}),
+    ("No, I meant {topic}.", {"topic": _TOPICS}),
+]
+# How the voice app shows an assistant turn the user cut off (voice_app.core.conversation)
+INTERRUPTED_SUFFIX = "… [interrupted]"
 
 SANITY_QUESTIONS: list[tuple[str, list[str]]] = [
     ("What is the capital of France?", ["paris"]),
@@ -100,6 +145,11 @@ SANITY_QUESTIONS: list[tuple[str, list[str]]] = [
 ]
 
 
+def _fill(rng: random.Random, templates: list) -> str:
+    template, slots = rng.choice(templates)
+    return template.format(**{name: rng.choice(values) for name, values in slots.items()})
+
+
 def voice_prompts(count: int, seed: int) -> list[str]:
     """`count` distinct user turns drawn from the templates with a seeded generator."""
     rng = random.Random(seed)
@@ -108,13 +158,23 @@ def voice_prompts(count: int, seed: int) -> list[str]:
     attempts = 0
     while len(seen) < count and attempts < count * 50:
         attempts += 1
-        template, slots = rng.choice(_TEMPLATES)
-        text = template.format(**{name: rng.choice(values) for name, values in slots.items()})
+        text = _fill(rng, _TEMPLATES)
         if text not in sanity:
             seen.add(text)
     prompts = sorted(seen)
     rng.shuffle(prompts)
     return prompts
+
+
+def second_turn(first: list[dict], reply: str, rng: random.Random) -> list[dict]:
+    """A conversation one turn on: the first turn answered, then a follow-up, or (one time in
+    three) the reply cut off part way and a new question over it, as after a barge-in."""
+    if rng.random() < 1 / 3 and len(reply.split()) > 4:
+        words = reply.split()
+        heard = " ".join(words[: rng.randint(2, max(2, len(words) - 2))])
+        return first + [{"role": "assistant", "content": heard + INTERRUPTED_SUFFIX},
+                        {"role": "user", "content": _fill(rng, _BARGE_INS)}]
+    return first + [{"role": "assistant", "content": reply}, {"role": "user", "content": _fill(rng, _FOLLOW_UPS)}]
 
 
 def conversation(prompt: str, voice_system: bool) -> list[dict]:

@@ -28,7 +28,10 @@ DEFAULT_THRESHOLD = 0.97
 
 @dataclass
 class TrainConfig:
-    block_size: int = 16
+    block_size: int = 8  # the decode block (the engine drafts in blocks of this many)
+    anchors: int = 8  # masked blocks per sequence per step (objective.py)
+    gamma: float = 4.0  # offset j's weight is exp(-j / gamma)
+    distill_weight: float = 0.5  # KL to the base model's own distribution, beside the greedy token's CE
     rank: int = 16
     alpha: float = 32.0
     batch_size: int = 8
@@ -68,22 +71,25 @@ def train(loaded: LoadedModel, records: list[dict], config: TrainConfig, run_dir
     started = time.monotonic() - spent
     model.train()
     while step < config.max_steps and time.monotonic() - started < budget:
-        batch = make_batch(order.sample(records, config.batch_size), config.block_size, mask_id, eos_id, generator)
+        batch = make_batch(order.sample(records, config.batch_size), config.block_size, config.anchors, mask_id,
+                           eos_id, generator, config.gamma)
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(step, config, time.monotonic() - started)
         t0 = time.monotonic()
-        loss, rows = loss_on(model, batch)
+        loss, figures = loss_on(model, batch, config.distill_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
         optimizer.step()
         step += 1
         seconds = time.monotonic() - t0
-        history.append({"step": step, "loss": float(loss), "rows": rows, "tokens": batch.tokens,
+        history.append({"step": step, "loss": float(loss), **figures, "tokens": batch.tokens,
                         "seconds": seconds, "elapsed": time.monotonic() - started})
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{batch.tokens / seconds:.0f}",
-                        lr=f"{optimizer.param_groups[0]['lr']:.1e}")
+        recent = history[-50:]
+        bar.set_postfix(loss=f"{float(loss):.3f}", top1=f"{sum(h['top1'] for h in recent) / len(recent):.2f}",
+                        first=f"{sum(h['top1_first'] for h in recent) / len(recent):.2f}",
+                        tok_s=f"{batch.tokens / seconds:.0f}", lr=f"{optimizer.param_groups[0]['lr']:.1e}")
         if step % config.checkpoint_every == 0:
             _save_checkpoint(checkpoint, params, optimizer, step, history, time.monotonic() - started)
     bar.close()

@@ -11,7 +11,8 @@ from dllm_engine.decoding import (
 from dllm_engine.engine import Engine
 from dllm_engine.models.config import ModelConfig
 from dllm_engine.models.transformer import KVCache
-from dllm_engine.request import GenerationParams
+from dllm_engine.request import GenerationParams, RequestHandle
+from dllm_engine.scheduler import LiveRequest, Scheduler
 
 PROMPT = "What is the capital of France?"
 
@@ -107,11 +108,22 @@ def _decoder(block_size=4, max_new_tokens=8, stop_at_eos=True, verify_drafts=0):
                               verify_drafts=verify_drafts)
 
 
+def _run_step(decoder, plan: StepPlan, tokens: list[int], confidence: list[float], policy) -> int:
+    """The scheduler's own path for one request's step (exact commits, the batched commit
+    choice, the rest); returns how many tokens it committed."""
+    request = LiveRequest(handle=RequestHandle(1), params=GenerationParams(), decoder=decoder, policy=policy,
+                          threshold=policy.threshold, submitted=0.0, deadline=None, generator=None)
+    scheduler = Scheduler(decode=lambda ids: "", clock=lambda: 0.0, prefix_cache_entries=0)
+    scheduler.live.append(request)
+    scheduler.postprocess([request], [plan], tokens, torch.tensor(confidence))
+    return request.committed_in_denoise
+
+
 def _step(decoder, predictions: dict[int, tuple[int, float]], policy=ThresholdPolicy(0.9)):
     plan: StepPlan = decoder.plan()
-    tokens = torch.tensor([predictions[t.position][0] for t in plan.targets])
-    confidence = torch.tensor([predictions[t.position][1] for t in plan.targets])
-    return plan, decoder.apply(plan, tokens, confidence, policy, None)
+    tokens = [predictions[t.position][0] for t in plan.targets]
+    confidence = [predictions[t.position][1] for t in plan.targets]
+    return plan, _run_step(decoder, plan, tokens, confidence, policy)
 
 
 def test_first_step_writes_the_prompt_and_denoises_the_block_in_one_pass():
@@ -133,7 +145,7 @@ def _step_with_checks(decoder, predictions: dict[int, tuple[int, float]], checke
     plan: StepPlan = decoder.plan()
     tokens = [checked[t.position] if t.given is not None else predictions[t.position][0] for t in plan.targets]
     confidence = [1.0 if t.given is not None else predictions[t.position][1] for t in plan.targets]
-    return plan, decoder.apply(plan, torch.tensor(tokens), torch.tensor(confidence), ThresholdPolicy(0.9), None)
+    return plan, _run_step(decoder, plan, tokens, confidence, ThresholdPolicy(0.9))
 
 
 def test_drafts_ride_the_cache_write_and_commit_exact_tokens_while_they_hold():

@@ -43,8 +43,8 @@ def test_cancel_stops_within_one_step_and_frees_the_request(engine):
     handle = engine.submit(PROMPTS[0], params)
     first = next(iter(handle))
     handle.cancel()
-    final = handle.wait(timeout=30)
-    assert final is not None and final.final and final.finish_reason == "cancelled"
+    final = handle.result(timeout=30)
+    assert final.final and final.finish_reason == "cancelled"
     assert final.step <= first.step + 2  # the step in flight when cancel() ran, then it stops
     assert engine.live_requests == 0
     # the others carry on undisturbed
@@ -59,7 +59,7 @@ def test_cancel_one_of_several_leaves_the_others_intact(engine):
     next(iter(victim))
     victim.cancel()
     assert survivor.result().token_ids == expected
-    assert victim.wait(timeout=30).finish_reason == "cancelled"
+    assert victim.result(timeout=30).finish_reason == "cancelled"
 
 
 def test_over_the_request_limit_submit_raises_overloaded(engine):
@@ -70,7 +70,7 @@ def test_over_the_request_limit_submit_raises_overloaded(engine):
     for handle in handles:
         handle.cancel()
     for handle in handles:
-        handle.wait(timeout=30)
+        handle.result(timeout=30)
     assert engine.live_requests == 0
 
 

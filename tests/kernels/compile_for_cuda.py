@@ -47,11 +47,11 @@ def variants(capability: int):
         "max_ptr": "*fp32", "sum_ptr": "*fp32", "wsum_ptr": "*fp32", "arg_ptr": "*i64",
         "token_ptr": "*i64", "prob_ptr": "*fp32", "entropy_ptr": "*fp32",
     }, {"BLOCK_S": 512}
-    for write_tokens in (False, True):
+    for has_force in (False, True):
         yield commit_selection._select_commits_kernel, "fp32", 3, {
             "conf_ptr": "*fp32", "masked_ptr": "*i1", "threshold_ptr": "*fp32", "commit_ptr": "*i1",
-            "force_ptr": "*i64", "tokens_ptr": "*i64", "candidates_ptr": "*i64",
-        }, {"BLOCK_B": 64, "WRITE_TOKENS": write_tokens, "HAS_FORCE": not write_tokens}
+            "force_ptr": "*i64",
+        }, {"BLOCK_B": 64, "HAS_FORCE": has_force}
 
 
 def main() -> int:

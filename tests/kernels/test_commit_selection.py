@@ -1,11 +1,11 @@
-"""select_commits / commit_tokens_: the Triton kernel (interpreted on CPU) against the
+"""select_commits: the Triton kernel (interpreted on CPU) against the
 reference, and the reference against the rule itself."""
 
 import pytest
 import torch
 
-from kernels import FORCE_BEST, FORCE_LEFTMOST, FORCE_NONE, commit_tokens_, select_commits
-from kernels.commit_selection import reference, reference_commit_tokens_
+from kernels import FORCE_BEST, FORCE_LEFTMOST, FORCE_NONE, select_commits
+from kernels.commit_selection import reference
 
 BOTH = ["reference", "triton"]
 
@@ -91,30 +91,6 @@ def test_threshold_above_one_commits_exactly_one_per_row(backend):
     assert not (committed & ~masked).any()
 
 
-@pytest.mark.parametrize("poisoned_outputs", [True, False], indirect=True)
-def test_fused_commit_writes_tokens_and_clears_mask(poisoned_outputs):
-    confidence, masked, threshold = awkward_batch(6, 19)
-    tokens = torch.randint(0, 1000, (6, 19))
-    candidates = torch.randint(0, 1000, (6, 19))
-    ref_tokens, ref_masked = tokens.clone(), masked.clone()
-    committed = commit_tokens_(tokens, masked, candidates, confidence, threshold, backend="triton")
-    ref_committed = reference_commit_tokens_(ref_tokens, ref_masked, candidates, confidence, threshold)
-    assert torch.equal(committed, ref_committed)
-    assert torch.equal(tokens, ref_tokens)
-    assert torch.equal(masked, ref_masked)
-
-
-def test_reference_fused_commit_semantics():
-    confidence, masked, threshold = awkward_batch(4, 9)
-    tokens = torch.full((4, 9), -1)
-    candidates = torch.arange(36).reshape(4, 9)
-    before = masked.clone()
-    committed = commit_tokens_(tokens, masked, candidates, confidence, threshold)
-    assert torch.equal(committed, reference(confidence, before, threshold))
-    assert torch.equal(tokens, torch.where(committed, candidates, -1))
-    assert torch.equal(masked, before & ~committed)
-
-
 def test_strided_inputs():
     wide = torch.rand(5, 30)
     confidence = wide[:, ::2]
@@ -153,9 +129,3 @@ def test_bad_inputs_name_the_problem(confidence, masked, threshold, message):
 def test_bad_force_names_the_problem(force, message):
     with pytest.raises(ValueError, match=message):
         select_commits(torch.rand(2, 4), torch.ones(2, 4, dtype=torch.bool), torch.rand(2), force)
-
-
-def test_fused_commit_rejects_float_tokens():
-    confidence, masked, threshold = awkward_batch(3, 4)
-    with pytest.raises(ValueError, match="tokens must hold integer token ids"):
-        commit_tokens_(torch.zeros(3, 4), masked, torch.zeros(3, 4), confidence, threshold)
