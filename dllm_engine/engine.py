@@ -184,10 +184,13 @@ class Engine:
         if config.attention == "bidirectional" and diffusion:
             decoder = FullAttentionDecoder(**common)
         else:
+            exact = params.exact
+            if exact is None:  # the default: exact, unless the caller asked for the lossy dial
+                exact = params.threshold is None and params.deadline_s is None and params.policy == "threshold"
             decoder = BlockCausalDecoder(
                 **common, adapter=diffusion and self.model.has_adapter,
                 bidirectional_clean_blocks=bool(family and family.bidirectional_clean_blocks) and diffusion,
-                verify_drafts=params.verify_drafts if diffusion else 0)
+                verify_drafts=params.verify_drafts if diffusion else 0, exact=exact and diffusion)
         threshold = params.threshold if params.threshold is not None else config.default_threshold
         fallback = params.fallback or (family.commit_fallback if family else "most_confident")
         now = self.clock()

@@ -33,7 +33,12 @@ class GenerationParams:
     max_new_tokens: int = 128
     mode: Mode = "diffusion"
     block_size: int | None = None  # None: the model's own default
-    threshold: float | None = None  # confidence needed to commit; None: the model's default
+    # exact decoding: commit only tokens the base model's own greedy decoding would produce (the
+    # AR token at the block's first open position and the drafts the cache write confirms), so
+    # the reply is the AR reply, in fewer passes. None: exact where the model can (a sliding
+    # block over a causal cache: our default model) unless a threshold or deadline is given.
+    exact: bool | None = None
+    threshold: float | None = None  # confidence needed to commit (lossy); None: the model's default
     policy: Literal["threshold", "factor", "fixed_steps"] = "threshold"
     factor: float = 1.0  # for policy="factor"
     # when no position reaches the threshold: commit the most confident one, or the leftmost

@@ -161,15 +161,23 @@ class BlockDecoderBase:
 
 
 class BlockCausalDecoder(BlockDecoderBase):
-    def __init__(self, *args, adapter: bool, bidirectional_clean_blocks: bool, verify_drafts: int = 0, **kwargs):
+    def __init__(self, *args, adapter: bool, bidirectional_clean_blocks: bool, verify_drafts: int = 0,
+                 exact: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.adapter = adapter
         self.bidirectional_clean_blocks = bidirectional_clean_blocks
         self.sliding = not bidirectional_clean_blocks
         self.verify_drafts = verify_drafts if self.sliding and self.shift else 0
+        # only the forced AR token and confirmed drafts commit (every step has the former)
+        self.exact = exact and self.sliding and self.shift
         self.written = 0  # cache positions [0, written) hold final keys and values
         self.unwritten: list[int] = list(self.prompt_ids)  # to be written by the next step
         self._new_block()
+
+    def wants_choice(self, free: list[int], exact: int) -> bool:
+        if self.exact and exact:
+            return False
+        return super().wants_choice(free, exact)
 
     # ---- prefix reuse (dllm_engine.prefix_cache) -----------------------------------------
     @property

@@ -274,3 +274,14 @@ def test_leftmost_fallback_commits_the_first_masked_position():
     assert ThresholdPolicy(0.9, "leftmost").select(confidence.clone()).tolist() == [True, False, True, False]
     assert ThresholdPolicy(0.99, "leftmost").select(confidence.clone()).tolist() == [True, False, False, False]
     assert ThresholdPolicy(0.99).select(confidence.clone()).tolist() == [False, False, True, False]
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, "Tell me a story.", "Hi"])
+def test_the_default_is_exact_decoding_the_autoregressive_reply(engine, prompt):
+    """Without a threshold or deadline only exact tokens commit (the AR token, confirmed
+    drafts): whatever the adapter drafts, the reply is greedy AR decoding's."""
+    ar = engine.generate(prompt, GenerationParams(mode="autoregressive", max_new_tokens=16, stop_at_eos=False))
+    exact = engine.generate(prompt, GenerationParams(max_new_tokens=16, block_size=4, stop_at_eos=False))
+    assert exact.token_ids == ar.token_ids
+    lossy = engine.generate(prompt, GenerationParams(max_new_tokens=16, block_size=4, threshold=0.0, stop_at_eos=False))
+    assert lossy.stats.forward_passes < exact.stats.forward_passes  # the dial trades exactness for passes
