@@ -1,5 +1,15 @@
-"""`dllm bench`: the same fixed prompts in diffusion and autoregressive mode, alone and at
-several concurrency levels; prints a table and JSON, and rewrites its table in docs/benchmarks.md."""
+"""`dllm bench`: the engine's speed, side by side in one run.
+
+- the same fixed prompts in diffusion and autoregressive mode, alone and at several
+  concurrency levels (tokens/s, tokens per pass, ms per pass, first sentence);
+- with `--peer llama.cpp`, llama.cpp (llama-cpp-python, the `[peer]` extra) on the same GGUF,
+  prompt tokens, threads and token budget, greedy;
+- the cost of one pass by the tokens it carries, beside its floor: the bytes of weights a pass
+  streams over the read bandwidth measured now, or its multiply-adds over the fp32 FMA rate
+  measured now, whichever is larger.
+
+Prints a table and JSON (`--json`), and rewrites its section of docs/benchmarks.md.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from dllm_engine.models.transformer import KVCache, Segment
 from dllm_engine.request import GenerationParams
 
 BENCH_PROMPTS = [
@@ -24,10 +35,12 @@ BENCH_PROMPTS = [
     "What is the difference between weather and climate?",
     "Give me some advice for a job interview.",
 ]
+PASS_SIZES = [1, 2, 4, 8, 16, 32, 64]
 _SENTENCE_END = re.compile(r"[.!?](\s|$)")
 _START, _END = "<!-- dllm-bench:start -->", "<!-- dllm-bench:end -->"
 
 
+# ---- our engine -------------------------------------------------------------------------------
 def _one(engine, prompt: str, params: GenerationParams) -> dict:
     started = time.monotonic()
     first_sentence = None
@@ -43,13 +56,15 @@ def _one(engine, prompt: str, params: GenerationParams) -> dict:
 
 
 def _concurrent(engine, prompts: list[str], params: GenerationParams, count: int) -> dict:
+    before = engine.forward_passes
     started = time.monotonic()
     handles = [engine.submit(prompts[i % len(prompts)], params) for i in range(count)]
     finals = [h.result() for h in handles]
     elapsed = time.monotonic() - started
     tokens = sum(f.stats.new_tokens for f in finals)
+    passes = engine.forward_passes - before
     return {"requests": count, "tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
-            "engine_forward_passes": None}
+            "engine_forward_passes": passes, "ms_per_pass": 1000 * elapsed / max(1, passes)}
 
 
 def measure(engine, mode: str, prompts: list[str], max_new_tokens: int, block_size, threshold,
@@ -60,78 +75,233 @@ def measure(engine, mode: str, prompts: list[str], max_new_tokens: int, block_si
     tokens = sum(r["tokens"] for r in runs)
     total_time = sum(r["elapsed_s"] for r in runs)
     passes = sum(r["forward_passes"] for r in runs)
-    result = {
+    return {
         "mode": mode, "tokens_per_s": tokens / total_time, "tokens": tokens,
         "median_tokens": statistics.median(r["tokens"] for r in runs),
         "forward_passes": passes, "tokens_per_forward": tokens / max(1, passes),
+        "ms_per_pass": 1000 * total_time / max(1, passes),
         "median_first_sentence_s": statistics.median(r["first_sentence_s"] for r in runs),
         "median_full_reply_s": statistics.median(r["elapsed_s"] for r in runs),
-        "concurrency": {},
+        "concurrency": {count: _concurrent(engine, prompts, params, count) for count in concurrency},
     }
-    for count in concurrency:
-        before = engine.forward_passes
-        point = _concurrent(engine, prompts, params, count)
-        point["engine_forward_passes"] = engine.forward_passes - before
-        result["concurrency"][count] = point
-    return result
 
 
+# ---- the peer ----------------------------------------------------------------------------------
+def measure_llama_cpp(engine, gguf_path: Path, prompts: list[str], max_new_tokens: int, threads: int) -> dict:
+    """llama.cpp on the same GGUF: the same prompt token ids, greedy, the same token budget."""
+    try:
+        from llama_cpp import Llama
+    except ImportError as exc:
+        raise SystemExit("--peer llama.cpp needs llama-cpp-python: pip install -e '.[peer]' (see docs/benchmarks.md "
+                         "for the build flags this CPU needs)") from exc
+    llm = Llama(model_path=str(gguf_path), n_threads=threads, n_threads_batch=threads, n_ctx=2048, verbose=False)
+    stop = set(engine.config.eos_token_ids)
+
+    def one(prompt: str) -> dict:
+        ids = engine.prompt_ids(prompt, raw=False)
+        llm.reset()
+        started, first_sentence, out = time.monotonic(), None, []
+        for token in llm.generate(ids, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+            if token in stop or len(out) == max_new_tokens:
+                break
+            out.append(token)
+            if first_sentence is None and _SENTENCE_END.search(engine.tokenizer.decode(out)):
+                first_sentence = time.monotonic() - started
+        elapsed = time.monotonic() - started
+        return {"tokens": len(out), "elapsed_s": elapsed, "first_sentence_s": first_sentence or elapsed,
+                "token_ids": out}
+
+    one(prompts[0])  # warm-up
+    runs = [one(p) for p in prompts]
+    tokens = sum(r["tokens"] for r in runs)
+    return {"tokens_per_s": tokens / sum(r["elapsed_s"] for r in runs), "tokens": tokens,
+            "median_first_sentence_s": statistics.median(r["first_sentence_s"] for r in runs),
+            "median_full_reply_s": statistics.median(r["elapsed_s"] for r in runs),
+            "token_ids": [r["token_ids"] for r in runs]}
+
+
+# ---- one pass by its size, and its floor ---------------------------------------------------------
+def read_bandwidth_gbs() -> float:
+    """Bytes per second that summing a 512 MB array reads (the page cache and L3 are far smaller)."""
+    data = torch.ones(128 * 1024 * 1024)
+    data.sum()
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - started)
+    return data.numel() * 4 / min(times) / 1e9
+
+
+def fma_rate_gmacs() -> float:
+    """fp32 multiply-adds per second of a large matmul (MKL/oneDNN: the machine's practical peak)."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b
+    started = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    return 10 * 1024**3 / (time.perf_counter() - started) / 1e9
+
+
+def pass_costs(engine, sizes=PASS_SIZES, context: int = 200, repeats: int = 10) -> list[dict]:
+    """Median ms of one pass of a request with `context` cached tokens carrying n tokens: one
+    cache-write row and n - 1 drafted rows (adapter on, as a diffusion step's block), and the
+    head on every row."""
+    runner, config = engine._runner, engine.config
+    cache = KVCache(config, context + max(sizes) + 1, engine.cache_dtype, engine.device)
+    mask = config.mask_token_id if config.mask_token_id is not None else 0
+    filler = torch.arange(context) % 1000 + 100
+    runner.pass_.forward([Segment(filler, 0, cache, context)], [context - 1])
+    results = []
+    for n in sizes:
+        segments = [Segment(torch.tensor([42]), context, cache, context + 1)]
+        if n > 1:
+            segments.append(Segment(torch.full((n - 1,), mask), context + 1, cache, context + n, "full",
+                                    adapter=engine.model.has_adapter))
+        times = []
+        for _ in range(repeats + 2):
+            started = time.perf_counter()
+            with torch.inference_mode():
+                runner.pass_.greedy(runner.pass_.forward(segments, list(range(n))))
+            times.append(time.perf_counter() - started)
+        results.append({"tokens": n, "ms": 1000 * statistics.median(times[2:])})
+    return results
+
+
+def _streamed(engine) -> list[tuple[int, int]]:
+    """(elements, bytes) of every matrix one pass streams: the projections and the output head,
+    as the pass reads them (the fused pass: the checkpoint's blocks where it has them)."""
+    model = engine.model
+    packed = engine.loaded.packed if engine.backend == "fused" else {}
+    size = 4 if engine.backend == "fused" else model.output_weight.element_size()
+    matrices = []
+    for i, layer in enumerate(model.layers):
+        for keys, projection in ((("q", "k", "v"), layer.qkv), (("o",), layer.o_proj),
+                                 (("gate", "up"), layer.mlp.gate_up), (("down",), layer.mlp.down)):
+            blocks = [packed.get((i, k)) for k in keys]
+            elements = projection.weight.numel()
+            stored = sum(b.data.numel() for b in blocks) if all(blocks) else elements * size
+            matrices.append((elements, stored))
+    head = packed.get((None, "lm_head") if model.lm_head is not None else (None, "embed"))
+    elements = model.output_weight.numel()
+    matrices.append((elements, head.data.numel() if head is not None else elements * size))
+    return matrices
+
+
+def floors(engine, costs: list[dict], bandwidth: float, fma: float) -> list[dict]:
+    matrices = _streamed(engine)
+    stream_ms = 1000 * sum(b for _, b in matrices) / (bandwidth * 1e9)
+    macs_per_row = sum(e for e, _ in matrices)
+    for row in costs:
+        compute_ms = 1000 * row["tokens"] * macs_per_row / (fma * 1e9)
+        row["floor_ms"] = max(stream_ms, compute_ms)
+        row["floor_bound"] = "bandwidth" if stream_ms >= compute_ms else "compute"
+        row["vs_floor"] = row["ms"] / row["floor_ms"]
+    return costs
+
+
+# ---- the command -----------------------------------------------------------------------------
 def run_bench(args) -> int:
     from dllm_engine.engine import Engine
+    from dllm_engine.loading.registry import smollm2_gguf_path
 
     # no prefix cache: every run repeats the same prompts, and a copied prompt would time the
     # copy instead of the prefill a new conversation pays
-    engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device, backend=args.backend,
-                         prefix_cache_entries=0)
+    engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device,
+                         backend=args.backend, prefix_cache_entries=0)
     prompts = BENCH_PROMPTS[: max(1, args.prompts)]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     modes = ["diffusion", "autoregressive"] if engine.config.is_diffusion else ["autoregressive"]
+    threads = torch.get_num_threads()
     try:
         results = {m: measure(engine, m, prompts, args.max_new_tokens, args.block_size, args.threshold, levels)
                    for m in modes}
+        costs = bandwidth = fma = None
+        if engine.device.type == "cpu":
+            bandwidth, fma = read_bandwidth_gbs(), fma_rate_gmacs()
+            costs = floors(engine, pass_costs(engine), bandwidth, fma)
+        peer = None
+        if args.peer == "llama.cpp":
+            peer = measure_llama_cpp(engine, Path(args.peer_gguf) if args.peer_gguf else smollm2_gguf_path(),
+                                     prompts, args.max_new_tokens, threads)
     finally:
         engine.close()
     report = {
-        "model": engine.model_name, "dtype": str(engine.cache_dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "machine": (f"{platform.machine()}, {torch.get_num_threads()} threads" if engine.device.type == "cpu"
+        "model": engine.model_name, "backend": engine.backend,
+        "dtype": str(engine.cache_dtype).removeprefix("torch."), "threads": threads,
+        "machine": (f"{platform.machine()}, {threads} threads" if engine.device.type == "cpu"
                     else torch.cuda.get_device_name(engine.device)), "max_new_tokens": args.max_new_tokens,
-        "block_size": args.block_size or engine.config.block_size, "threshold": args.threshold or engine.config.default_threshold,
-        "prompts": len(prompts), "results": results,
+        "block_size": args.block_size or engine.config.block_size,
+        "threshold": args.threshold if args.threshold is not None else "exact",
+        "prompts": len(prompts), "results": results, "pass_costs": costs,
+        "read_bandwidth_gbs": bandwidth if costs else None, "fma_gmacs": fma if costs else None,
     }
     if "diffusion" in results:
         report["diffusion_vs_ar_speed"] = results["diffusion"]["tokens_per_s"] / results["autoregressive"]["tokens_per_s"]
+        report["diffusion_vs_ar_pass"] = results["diffusion"]["ms_per_pass"] / results["autoregressive"]["ms_per_pass"]
+    if peer is not None:
+        ar = results["autoregressive"]
+        report["llama_cpp"] = {k: v for k, v in peer.items() if k != "token_ids"}
+        report["ar_vs_llamacpp_speed"] = ar["tokens_per_s"] / peer["tokens_per_s"]
+        best = max(results.values(), key=lambda r: r["tokens_per_s"])
+        report["best_vs_llamacpp_speed"] = best["tokens_per_s"] / peer["tokens_per_s"]
     table = format_table(report)
     print(table)
     if args.json:
         print(json.dumps(report, indent=2))
     if args.write_docs:
-        write_docs(Path(args.write_docs), table, report)
+        write_docs(Path(args.write_docs), table, report, args)
     return 0
 
 
 def format_table(report: dict) -> str:
+    results = report["results"]
+    levels = list(next(iter(results.values()))["concurrency"])
     lines = [
-        f"model `{report['model']}` ({report['dtype']}, {report['machine']}), {report['prompts']} prompts, "
-        f"max {report['max_new_tokens']} new tokens, block {report['block_size']}, threshold {report['threshold']}",
+        f"model `{report['model']}` ({report['backend']} pass, {report['dtype']} activations, {report['machine']}), "
+        f"{report['prompts']} prompts, max {report['max_new_tokens']} new tokens, block {report['block_size']}, "
+        f"commits: {report['threshold']}",
         "",
-        "| mode | tok/s (1 req) | tokens/forward | median first sentence (s) | median full reply (s) | median tokens | "
-        + " | ".join(f"tok/s @{c}" for c in next(iter(report["results"].values()))["concurrency"]) + " |",
-        "|---" * (6 + len(next(iter(report["results"].values()))["concurrency"])) + "|",
+        "| engine | tok/s (1 req) | tokens/pass | ms/pass | first sentence (s) | full reply (s) | "
+        + " | ".join(f"tok/s @{c}" for c in levels) + " | " + " | ".join(f"ms/pass @{c}" for c in levels) + " |",
+        "|---" * (6 + 2 * len(levels)) + "|",
     ]
-    for mode, r in report["results"].items():
+    for mode, r in results.items():
         conc = " | ".join(f"{p['tokens_per_s']:.1f}" for p in r["concurrency"].values())
-        lines.append(f"| {mode} | {r['tokens_per_s']:.1f} | {r['tokens_per_forward']:.2f} | "
-                     f"{r['median_first_sentence_s']:.2f} | {r['median_full_reply_s']:.2f} | {r['median_tokens']:.0f} | {conc} |")
-    if "diffusion_vs_ar_speed" in report:
-        lines += ["", f"diffusion / autoregressive wall-clock speed: **{report['diffusion_vs_ar_speed']:.2f}x**"]
+        conc_ms = " | ".join(f"{p['ms_per_pass']:.1f}" for p in r["concurrency"].values())
+        lines.append(f"| ours, {mode} | {r['tokens_per_s']:.1f} | {r['tokens_per_forward']:.2f} | {r['ms_per_pass']:.1f} | "
+                     f"{r['median_first_sentence_s']:.2f} | {r['median_full_reply_s']:.2f} | {conc} | {conc_ms} |")
+    if "llama_cpp" in report:
+        p = report["llama_cpp"]
+        blank = " | ".join("-" for _ in levels)
+        lines.append(f"| llama.cpp (same GGUF) | {p['tokens_per_s']:.1f} | 1.00 | {1000 / p['tokens_per_s']:.1f} | "
+                     f"{p['median_first_sentence_s']:.2f} | {p['median_full_reply_s']:.2f} | {blank} | {blank} |")
+    lines.append("")
+    for key, label in (("diffusion_vs_ar_speed", "diffusion / autoregressive speed"),
+                       ("diffusion_vs_ar_pass", "diffusion pass / autoregressive pass"),
+                       ("ar_vs_llamacpp_speed", "autoregressive / llama.cpp speed"),
+                       ("best_vs_llamacpp_speed", "best mode / llama.cpp speed")):
+        if key in report:
+            lines.append(f"- {label}: **{report[key]:.2f}x**")
+    if report.get("pass_costs"):
+        costs = report["pass_costs"]
+        lines += ["", "One pass by the tokens it carries (1 cache-write row + drafted rows, head on every row), "
+                  "median ms, beside its floor:", "",
+                  "| tokens in the pass | " + " | ".join(str(c["tokens"]) for c in costs) + " |",
+                  "|---" * (1 + len(costs)) + "|",
+                  "| ms per pass | " + " | ".join(f"{c['ms']:.1f}" for c in costs) + " |",
+                  "| floor ms | " + " | ".join(f"{c['floor_ms']:.1f} ({c['floor_bound'][0]})" for c in costs) + " |",
+                  "| pass / floor | " + " | ".join(f"{c['vs_floor']:.2f}x" for c in costs) + " |",
+                  "", f"(b: bandwidth floor, {report['read_bandwidth_gbs']:.1f} GB/s read measured in this run; "
+                  f"c: compute floor, {report['fma_gmacs']:.1f} G fp32 multiply-adds/s of a large matmul in this run)"]
     return "\n".join(lines)
 
 
-def write_docs(path: Path, table: str, report: dict) -> None:
-    block = (f"{_START}\n<!-- written by `dllm bench`; rerun it to refresh -->\n"
-             f"Command: `dllm bench --model {report['model']} --dtype {report['dtype']} --prompts {report['prompts']} "
-             f"--max-new-tokens {report['max_new_tokens']}`\n\n{table}\n{_END}")
+def write_docs(path: Path, table: str, report: dict, args) -> None:
+    command = (f"dllm bench --model {report['model']} --prompts {report['prompts']} --max-new-tokens "
+               f"{report['max_new_tokens']} --concurrency {args.concurrency}"
+               + (f" --peer {args.peer}" if args.peer else "") + (f" --backend {args.backend}" if args.backend != "auto" else ""))
+    block = f"{_START}\n<!-- written by `dllm bench`; rerun it to refresh -->\nCommand: `{command}`\n\n{table}\n{_END}"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     if _START in text and _END in text:
         text = text[:text.index(_START)] + block + text[text.index(_END) + len(_END):]

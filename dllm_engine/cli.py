@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", default="1,4,8", help="comma-separated request counts")
     bench.add_argument("--prompts", type=int, default=8, help="how many of the fixed prompts to use")
     bench.add_argument("--json", action="store_true", help="print the results as JSON too")
+    bench.add_argument("--peer", choices=["llama.cpp"], default=None,
+                       help="also run llama.cpp (llama-cpp-python) on the same GGUF, prompts, threads and budget")
+    bench.add_argument("--peer-gguf", default=None, help="the GGUF the peer runs (default: the SmolLM2 GGUF)")
     bench.add_argument("--write-docs", default="docs/benchmarks.md", help="file whose engine table is replaced ('' to skip)")
     bench.set_defaults(func=cmd_bench)
 
