@@ -211,7 +211,7 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            self._runner = ModelRunner(self.model, self.backend, self.loaded.packed)
+            self._runner = ModelRunner(self.model, self.backend, self.loaded.packed, self.loaded.draft_vocab)
         except Exception as exc:  # e.g. the CPU kernels' weights disagree with the model
             log.exception("could not set up the model runner")
             self._failure = f"{type(exc).__name__}: {exc}"
@@ -253,7 +253,9 @@ class Engine:
         if not batch:
             return
         try:
-            tokens, confidence = self._runner.run(plans, [r.sampling for r in batch])
+            tokens, confidence = self._runner.run(plans, [r.sampling for r in batch],
+                                                  [getattr(r.decoder, "exact", False) and r.params.temperature == 0
+                                                   for r in batch])
         except Exception as exc:  # a failed pass ends the requests in it, never the scheduler
             log.exception("forward pass failed")
             self.scheduler.fail(batch, exc)

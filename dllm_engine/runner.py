@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from dllm_engine.decoding import StepPlan, pick_tokens
+from dllm_engine.models.fused_cpu import split_head
 from dllm_engine.models.transformer import Segment, Transformer
 from kernels import confidence_head
 
@@ -30,16 +31,25 @@ BACKENDS = ("auto", "fused", "torch")
 class TorchPass:
     """Transformer.forward_segments, the head as kernels.confidence_head."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, draft_vocab: list[int] | None = None):
         self.model = model
+        self.draft_vocab = torch.tensor(draft_vocab, dtype=torch.long) if draft_vocab else None
 
     def forward(self, segments: list[Segment], rows: list[int]) -> Tensor:
         hidden = self.model.forward_segments(segments)
         return hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
 
-    def greedy(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        tokens, confidence, _ = confidence_head(hidden, self.model.output_weight)
-        return tokens, confidence
+    def greedy(self, hidden: Tensor, draft_rows: list[int] | None = None) -> tuple[Tensor, Tensor]:
+        weight = self.model.output_weight
+        if not draft_rows or self.draft_vocab is None:
+            return confidence_head(hidden, weight)[:2]
+        vocab = self.draft_vocab.to(weight.device)
+
+        def draft(rows: Tensor) -> tuple[Tensor, Tensor]:
+            index, confidence, _ = confidence_head(rows, weight[vocab])
+            return vocab[index], confidence
+
+        return split_head(hidden, draft_rows, lambda rows: confidence_head(rows, weight)[:2], draft)
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.model.logits(hidden)
@@ -65,22 +75,26 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, backend: str, packed: dict | None = None):
+    def __init__(self, model: Transformer, backend: str, packed: dict | None = None,
+                 draft_vocab: list[int] | None = None):
         self.backend = backend
         if backend == "fused":
             from dllm_engine.models.fused_cpu import FusedCpuModel
 
-            self.pass_ = FusedCpuModel(model, packed)
+            self.pass_ = FusedCpuModel(model, packed, draft_vocab)
         else:
-            self.pass_ = TorchPass(model)
+            self.pass_ = TorchPass(model, draft_vocab)
 
-    def run(self, plans: list[StepPlan], sampling: list[tuple[float, torch.Generator | None]]) -> tuple[list[int], Tensor]:
+    def run(self, plans: list[StepPlan], sampling: list[tuple[float, torch.Generator | None]],
+            drafts_only: list[bool] | None = None) -> tuple[list[int], Tensor]:
         """One pass over every plan's segments; a token and its confidence for every target, in
-        plan order. sampling[i] is plan i's (temperature, generator): 0 is greedy."""
+        plan order. sampling[i] is plan i's (temperature, generator): 0 is greedy. drafts_only[i]:
+        plan i commits its free targets never unchecked (exact decoding), so their rows need only
+        the draft vocabulary."""
         segments, rows = pack(plans)
         with torch.inference_mode():
             hidden = self.pass_.forward(segments, rows)
-            tokens, confidence = self.pass_.greedy(hidden)
+            tokens, confidence = self.pass_.greedy(hidden, draft_rows(plans, drafts_only or [False] * len(plans)))
             offset = 0
             for plan, (temperature, generator) in zip(plans, sampling):
                 count = len(plan.targets)
@@ -90,6 +104,16 @@ class ModelRunner:
                         pick_tokens(logits, temperature, generator)
                 offset += count
         return tokens.tolist(), confidence  # one host read for the batch (a device sync on a GPU)
+
+
+def draft_rows(plans: list[StepPlan], drafts_only: list[bool]) -> list[int]:
+    """The targets (in pass order) that only draft: free targets of exactly decoded plans."""
+    rows, offset = [], 0
+    for plan, only in zip(plans, drafts_only):
+        if only:
+            rows.extend(offset + i for i, t in enumerate(plan.targets) if not t.forced and t.given is None)
+        offset += len(plan.targets)
+    return rows
 
 
 def pack(plans: list[StepPlan]) -> tuple[list[Segment], list[int]]:

@@ -28,7 +28,7 @@ from dllm_engine.loading.registry import ADAPTER_DIR, load_adapter_weights, make
 from dllm_engine.training.distill import distill  # noqa: E402
 from dllm_engine.training.prompts import voice_prompts  # noqa: E402
 from dllm_engine.training.trainer import (  # noqa: E402
-    DEFAULT_THRESHOLD, TrainConfig, export_adapter, load_checkpoint, train,
+    DEFAULT_THRESHOLD, TrainConfig, draft_vocabulary, export_adapter, load_checkpoint, train,
 )
 
 
@@ -93,6 +93,8 @@ def main() -> None:
         "final_loss": sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])),
         "hardware": "2 CPU cores (x86-64), no GPU",
     })
+    vocab = draft_vocabulary(records, loaded.config.vocab_size, loaded.config.eos_token_ids)
+    (ADAPTER_DIR / "smollm2-135m-bd.draft-vocab.json").write_text(json.dumps(vocab))
     plot_loss(history, ROOT / "docs" / "smollm2-135m-bd-loss.png")
     print(f"adapter written ({size / 1e6:.1f} MB) after {len(history)} steps")
 

@@ -38,6 +38,8 @@ class LoadedModel:
     # the checkpoint's quantized weights as raw blocks, by canonical key (GGUF Q8_0 / Q4_1):
     # what the fused CPU pass streams instead of the dequantized copies in `model`
     packed: dict = field(default_factory=dict)
+    # token ids a drafted row chooses among (the commonest of the model's own replies), or None
+    draft_vocab: list[int] | None = None
 
     @property
     def parameter_count(self) -> int:
@@ -149,6 +151,9 @@ def attach_adapter(loaded: LoadedModel, path: Path) -> None:
     make_block_diffusion(loaded, rank=int(meta["rank"]), alpha=float(meta["alpha"]),
                          block_size=block_size, threshold=float(meta.get("threshold", 0.9)))
     load_adapter_weights(loaded, path)
+    vocab_path = path.with_suffix(".draft-vocab.json")
+    if vocab_path.is_file():
+        loaded.draft_vocab = [int(t) for t in json.loads(vocab_path.read_text())]
 
 
 def load_adapter_weights(loaded: LoadedModel, path: Path) -> None:

@@ -20,6 +20,18 @@ from dllm_engine.models.transformer import Segment, Transformer
 _VISIBILITY = {"full": 0, "causal": 1, "blocks": 2}
 
 
+def split_head(hidden: Tensor, draft_rows: list[int], full, draft) -> tuple[Tensor, Tensor]:
+    """A greedy head over hidden's rows: `draft` on draft_rows, `full` on the rest."""
+    is_draft = torch.zeros(hidden.shape[0], dtype=torch.bool)
+    is_draft[draft_rows] = True
+    tokens = torch.empty(hidden.shape[0], dtype=torch.long)
+    confidence = torch.empty(hidden.shape[0])
+    for rows, head in ((~is_draft, full), (is_draft, draft)):
+        if bool(rows.any()):
+            tokens[rows], confidence[rows] = head(hidden[rows].contiguous())
+    return tokens, confidence
+
+
 @dataclass
 class PackedWeight:
     """A weight matrix as llama.cpp stores it: `data` is [rows, row_bytes] uint8 blocks of 32."""
@@ -52,7 +64,7 @@ class PackedWeight:
 class FusedCpuModel:
     """forward / greedy / logits of a Transformer, computed by kernels.cpu."""
 
-    def __init__(self, model: Transformer, packed: dict | None = None):
+    def __init__(self, model: Transformer, packed: dict | None = None, draft_vocab: list[int] | None = None):
         from kernels import cpu
 
         self.cpu = cpu
@@ -60,6 +72,9 @@ class FusedCpuModel:
         self.has_adapter = model.has_adapter
         self._model = cpu.extension().Model()
         self._build(model, packed or {})
+        self.has_draft_head = bool(draft_vocab)
+        if draft_vocab:
+            self._build_draft_head(model, packed or {}, draft_vocab)
         problem = self._model.check()
         if problem:
             raise ValueError(f"the fused CPU model is inconsistent: {problem}")
@@ -112,6 +127,13 @@ class FusedCpuModel:
                 self._vector("q_norm", i, layer.q_norm.weight)
                 self._vector("k_norm", i, layer.k_norm.weight)
 
+    def _build_draft_head(self, model: Transformer, packed: dict, vocab: list[int]) -> None:
+        ids = torch.tensor(vocab, dtype=torch.long)
+        head = packed.get((None, "lm_head") if model.lm_head is not None else (None, "embed"))
+        rows = PackedWeight(head.kind, head.data[ids].contiguous(), len(vocab), head.cols) if head else None
+        self._weight("draft_head", -1, model.output_weight[ids], rows)
+        self._model.set_draft_ids(ids)
+
     # ---- the pass -----------------------------------------------------------------------
     def forward(self, segments: list[Segment], rows: list[int]) -> Tensor:
         """Final-normed hidden states [len(rows), hidden] of a packed pass (its caches written)."""
@@ -130,9 +152,11 @@ class FusedCpuModel:
                                    [s.cache.k for s in segments], [s.cache.v for s in segments],
                                    torch.tensor(rows, dtype=torch.long))
 
-    def greedy(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        """(argmax token, its softmax probability) per row."""
-        return self._model.greedy(hidden.contiguous())
+    def greedy(self, hidden: Tensor, draft_rows: list[int] | None = None) -> tuple[Tensor, Tensor]:
+        """(argmax token, its softmax probability) per row; draft_rows over the draft vocabulary."""
+        if not draft_rows or not self.has_draft_head:
+            return self._model.greedy(hidden.contiguous())
+        return split_head(hidden, draft_rows, self._model.greedy, lambda h: self._model.greedy(h, True))
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self._model.logits(hidden.contiguous())

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import random
+from collections import Counter
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -122,6 +123,19 @@ def _save_checkpoint(path: Path, params, optimizer, step: int, history: list, se
     torch.save({"params": {n: p.detach().clone() for n, p in params.items()}, "optimizer": optimizer.state_dict(),
                 "step": step, "history": history, "seconds": seconds}, tmp)
     tmp.replace(path)
+
+
+DRAFT_VOCAB_SIZE = 8192  # a sixth of SmolLM2's 49152: ~98% of its own reply tokens (docs/models.md)
+
+
+def draft_vocabulary(records: list[dict], vocab_size: int, keep: list[int], size: int = DRAFT_VOCAB_SIZE) -> list[int]:
+    """The token ids drafted rows choose among: `keep` (EOS), then the commonest tokens of the
+    model's own replies, then the lowest ids (BPE merges early, common pieces) to fill `size`."""
+    counts = Counter(t for r in records for t in r["reply_ids"])
+    chosen = dict.fromkeys(keep)
+    chosen.update(dict.fromkeys(t for t, _ in counts.most_common()))
+    chosen.update(dict.fromkeys(range(vocab_size)))
+    return list(chosen)[:size]
 
 
 def export_adapter(loaded: LoadedModel, config: TrainConfig, path: Path, extra: dict) -> int:

@@ -160,3 +160,32 @@ def test_the_engine_gives_the_same_tokens_on_either_pass(make_tiny_bd, mode):
         finally:
             engine.close()
     assert replies["fused"] == replies["torch"]
+
+
+def test_drafted_rows_choose_among_the_draft_vocabulary_on_either_pass(make_tiny_bd):
+    from dllm_engine.runner import TorchPass
+
+    loaded = make_tiny_bd(seed=4)
+    vocab = list(range(40, 120))
+    hidden = torch.randn(5, loaded.config.hidden_size)
+    logits = loaded.model.logits(hidden)
+    for head in (FusedCpuModel(loaded.model, draft_vocab=vocab), TorchPass(loaded.model, vocab)):
+        tokens, confidence = head.greedy(hidden, draft_rows=[1, 3])
+        assert tokens[[0, 2, 4]].tolist() == logits[[0, 2, 4]].argmax(-1).tolist()
+        restricted = logits[[1, 3]][:, vocab]
+        assert tokens[[1, 3]].tolist() == [vocab[i] for i in restricted.argmax(-1).tolist()]
+        assert torch.allclose(confidence[[1, 3]], torch.softmax(restricted, -1).max(-1).values, atol=1e-5)
+
+
+def test_a_draft_vocabulary_leaves_exact_replies_unchanged(make_tiny_bd):
+    loaded = make_tiny_bd(seed=5)
+    params = GenerationParams(max_new_tokens=12, block_size=4, stop_at_eos=False)
+    ar = GenerationParams(mode="autoregressive", max_new_tokens=12, stop_at_eos=False)
+    loaded.draft_vocab = list(range(0, 200, 3))
+    engine = Engine(loaded)
+    try:
+        for prompt in ("Hello there!", "Tell me a story."):
+            assert engine.generate(prompt, params).token_ids == engine.generate(prompt, ar).token_ids
+    finally:
+        engine.close()
+        loaded.draft_vocab = None

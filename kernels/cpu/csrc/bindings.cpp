@@ -52,9 +52,18 @@ struct BoundModel {
     Weight w = as_weight(t, type, rows, cols, name);
     if (name == "embed") model.embed = w;
     else if (name == "head") model.head = w;
+    else if (name == "draft_head") model.draft_head = w;
     else if (name.rfind("lora_down.", 0) == 0) projection(name.substr(10), layer).lora.down = w;
     else if (name.rfind("lora_up_scaled.", 0) == 0) projection(name.substr(15), layer).lora.up_scaled = w;
     else projection(name, layer).weight = w;
+  }
+
+  void set_draft_ids(const at::Tensor& ids) {
+    need(ids.scalar_type() == at::kLong && ids.is_contiguous() && ids.dim() == 1, "draft ids must be contiguous int64");
+    const int64_t* p = ids.data_ptr<int64_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) need(p[i] >= 0 && p[i] < model.config.vocab, "draft id out of range");
+    keep.push_back(ids);
+    model.draft_ids = p;
   }
 
   void set_vector(const std::string& name, int64_t layer, const at::Tensor& t) {
@@ -119,12 +128,13 @@ struct BoundModel {
     return hidden;
   }
 
-  std::tuple<at::Tensor, at::Tensor> greedy(const at::Tensor& hidden) {
+  std::tuple<at::Tensor, at::Tensor> greedy(const at::Tensor& hidden, bool draft) {
     need_float(hidden, "hidden");
+    need(!draft || model.draft_head.data != nullptr, "this model has no draft head");
     need(hidden.dim() == 2 && hidden.size(1) == model.config.hidden, "hidden must be [rows, hidden]");
     const int64_t rows = hidden.size(0);
     at::Tensor tokens = at::empty({rows}, at::kLong), confidence = at::empty({rows}, at::kFloat);
-    if (rows) model.greedy(hidden.data_ptr<float>(), rows, tokens.data_ptr<int64_t>(), confidence.data_ptr<float>());
+    if (rows) model.greedy(hidden.data_ptr<float>(), rows, tokens.data_ptr<int64_t>(), confidence.data_ptr<float>(), draft);
     return {tokens, confidence};
   }
 
@@ -163,8 +173,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("configure", &BoundModel::configure)
       .def("set_weight", &BoundModel::set_weight)
       .def("set_vector", &BoundModel::set_vector)
+      .def("set_draft_ids", &BoundModel::set_draft_ids)
       .def("check", [](const BoundModel& b) { return b.model.check(); })
       .def("forward", &BoundModel::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("greedy", &BoundModel::greedy, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("greedy", &BoundModel::greedy, pybind11::arg("hidden"), pybind11::arg("draft") = false,
+           pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("logits", &BoundModel::logits, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

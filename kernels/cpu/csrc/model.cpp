@@ -198,12 +198,13 @@ void Model::logits(const float* hidden, int64_t rows, float* out) const {
   linear(hidden, rows, config.hidden, head, out, config.vocab, false);
 }
 
-void Model::greedy(const float* hidden, int64_t rows, int64_t* tokens, float* confidence) const {
+void Model::greedy(const float* hidden, int64_t rows, int64_t* tokens, float* confidence, bool draft) const {
+  const Weight& head = draft ? draft_head : this->head;
   // Each part of the vocabulary is a thread's: logits a chunk at a time into a small buffer,
   // folded into per-row running stats; the parts are merged at the end. No [rows, vocab] array.
   Timed timed(kHead);
   constexpr int64_t kChunk = 240;  // a multiple of the matmul's panel
-  const int64_t vocab = config.vocab, parts = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t vocab = head.rows, parts = std::max<int64_t>(1, at::get_num_threads());
   std::vector<RowStats> stats(parts * rows);
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part) {
@@ -245,7 +246,7 @@ void Model::greedy(const float* hidden, int64_t rows, int64_t* tokens, float* co
         best.sum += s.sum * exp1(s.max - best.max);
       }
     }
-    tokens[r] = best.argmax;
+    tokens[r] = draft ? draft_ids[best.argmax] : best.argmax;
     confidence[r] = 1.0f / best.sum;
   }
 }
@@ -257,6 +258,8 @@ std::string Model::check() const {
   if (embed.data == nullptr || head.data == nullptr || final_norm == nullptr || rope_cos == nullptr || rope_sin == nullptr)
     return "embed, head, final_norm and rope tables are required";
   if (embed.cols != c.hidden || head.cols != c.hidden || head.rows != c.vocab) return "embed/head shape";
+  if (draft_head.data != nullptr && (draft_ids == nullptr || draft_head.cols != c.hidden || draft_head.rows > c.vocab))
+    return "draft head shape";
   const int64_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
   for (size_t i = 0; i < layers.size(); ++i) {
     const Layer& l = layers[i];

@@ -52,6 +52,10 @@ class Model {
  public:
   Config config;
   Weight embed, head;
+  // The most frequent tokens of the model's own replies, as a head of their own: a drafted
+  // row (never committed unchecked) needs only them, at a sixth of the full head's cost.
+  Weight draft_head;
+  const int64_t* draft_ids = nullptr;  // draft_head row -> token id
   const float* final_norm = nullptr;
   const float* mask_embedding = nullptr;
   const float* rope_cos = nullptr;  // [max_positions, head_dim]
@@ -60,8 +64,9 @@ class Model {
 
   // hidden [out_count, hidden]
   void forward(const Pass& pass, float* hidden) const;
-  // greedy head: argmax token and its softmax probability per row
-  void greedy(const float* hidden, int64_t rows, int64_t* tokens, float* confidence) const;
+  // greedy head: argmax token and its softmax probability per row, over the whole vocabulary
+  // or (draft) over the draft vocabulary only
+  void greedy(const float* hidden, int64_t rows, int64_t* tokens, float* confidence, bool draft) const;
   // logits [rows, vocab]
   void logits(const float* hidden, int64_t rows, float* out) const;
   // an empty string when every required part is present and shapes agree, else what is wrong
