@@ -124,26 +124,30 @@ class RequestHandle:
         self.last: DraftUpdate | None = None
         self._wake_async_reader = None  # set by __aiter__: wakes the event loop on publish
 
-    # called by the scheduler thread
+    # called by the scheduler thread: never blocks, whoever reads (or does not)
     def _publish(self, update: DraftUpdate) -> None:
         self.last = update
-        try:
-            self._updates.put_nowait(update)
-        except queue.Full:  # a slow reader only ever needs the newest snapshot
-            try:
-                self._updates.get_nowait()
-            except queue.Empty:
-                pass
-            self._updates.put_nowait(update)
+        self._put_dropping_oldest(update)  # a slow reader only ever needs the newest snapshot
         if update.final:
             self._finished.set()
-            self._updates.put(_DONE)
+            self._put_dropping_oldest(_DONE)
         wake = self._wake_async_reader
         if wake is not None:
             try:
                 wake()
             except RuntimeError:  # the reader's event loop is closed: nobody is listening any more
                 self._wake_async_reader = None
+
+    def _put_dropping_oldest(self, item) -> None:
+        while True:
+            try:
+                self._updates.put_nowait(item)
+                return
+            except queue.Full:
+                try:
+                    self._updates.get_nowait()
+                except queue.Empty:
+                    pass
 
     def cancel(self) -> None:
         self._cancelled.set()

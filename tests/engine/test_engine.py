@@ -274,3 +274,34 @@ def test_only_the_shared_head_of_a_prompt_is_reused(engine):
     other = engine.generate(PROMPTS[1], GenerationParams(max_new_tokens=4, stop_at_eos=False))
     system_head = len(engine.prompt_ids(PROMPTS[1], raw=False)) - len(engine.prompt_ids(PROMPTS[1], raw=True))
     assert 0 < other.stats.cached_prompt_tokens <= system_head
+
+
+def test_a_handle_nobody_reads_never_blocks_the_scheduler(tiny_bd):
+    engine = Engine(tiny_bd)
+    try:
+        params = GenerationParams(mode="autoregressive", max_new_tokens=30, stop_at_eos=False)
+        unread = engine.submit(PROMPTS[0], params)
+        unread._updates.maxsize = 2  # a tiny buffer, filled long before the end
+        assert engine.generate(PROMPTS[1], params).stats.new_tokens == 30
+        final = unread.result(timeout=60)
+        assert final.final and [u for u in unread][-1] is final  # the newest snapshots survive
+    finally:
+        engine.close()
+
+
+def test_a_dead_scheduler_fails_every_request_and_refuses_new_ones(tiny_bd):
+    engine = Engine(tiny_bd)
+    waiting = engine.submit(PROMPTS[0], GenerationParams(mode="autoregressive", max_new_tokens=150, stop_at_eos=False))
+    next(iter(waiting))
+
+    def broken_schedule():
+        raise RuntimeError("injected fault")
+
+    engine.scheduler.schedule = broken_schedule
+    final = waiting.result(timeout=30)
+    assert final.finish_reason == "error" and "injected fault" in final.error
+    health = engine.health()
+    assert not health["alive"] and "injected fault" in health["failure"]
+    with pytest.raises(EngineError, match="the engine failed"):
+        engine.submit(PROMPTS[1])
+    engine.close()
