@@ -123,7 +123,35 @@ class Engine:
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.prompt_ids(messages, raw=False))
 
-    def prompt_ids(self, prompt: str | list[dict], raw: bool) -> list[int]:
+    def end_of_turn_probability(self, messages: list[dict], background: bool = True) -> RequestHandle:
+        """How likely the model thinks the last (user) message is finished: the probability of the
+        chat template's end-of-turn token right after its text, from one pass over a prompt whose
+        head a recent request of the same conversation usually has in the prefix cache. The
+        handle's final update carries it as token_probs[0]."""
+        prefix, eot = self.end_of_turn_prompt(messages)
+        return self.submit(prefix, GenerationParams(mode="autoregressive", max_new_tokens=1, stop_at_eos=False,
+                                                     score_tokens=(eot,), background=background))
+
+    def end_of_turn_prompt(self, messages: list[dict]) -> tuple[list[int], int]:
+        """(prompt ids up to the end of the last message's text, the end-of-turn token after it)."""
+        marker = "\u2063EOT\u2063"  # invisible separator: never in a transcript
+        if not messages or not isinstance(messages[-1].get("content"), str):
+            raise EngineError("end_of_turn_prompt needs messages ending with a text message")
+        marked = messages[:-1] + [{**messages[-1], "content": messages[-1]["content"] + marker}]
+        try:
+            head, _, tail = self.tokenizer.render_chat(marked, add_generation_prompt=False).partition(marker)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+        tail_ids = self.tokenizer.encode(tail)
+        if not tail_ids:
+            raise EngineError("the chat template puts nothing after a message: no end-of-turn token to score")
+        return self.tokenizer.encode(head), tail_ids[0]
+
+    def prompt_ids(self, prompt: str | list[dict] | list[int], raw: bool) -> list[int]:
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            if not all(0 <= t < self.config.vocab_size for t in prompt):
+                raise EngineError(f"prompt token ids must be in 0..{self.config.vocab_size - 1}")
+            return list(prompt)  # token ids, as they are
         if isinstance(prompt, str):
             if raw:
                 return self.tokenizer.encode(prompt)
@@ -133,7 +161,8 @@ class Engine:
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
 
-    def submit(self, prompt: str | list[dict], params: GenerationParams | None = None) -> RequestHandle:
+    def submit(self, prompt: str | list[dict] | list[int], params: GenerationParams | None = None) -> RequestHandle:
+        """prompt: a user message, a conversation (rendered with the chat template), or token ids."""
         params = params or GenerationParams()
         params.validate()
         ids = self.prompt_ids(prompt, params.raw)
@@ -253,13 +282,17 @@ class Engine:
         if not batch:
             return
         try:
-            tokens, confidence = self._runner.run(plans, [r.sampling for r in batch],
-                                                  [getattr(r.decoder, "exact", False) and r.params.temperature == 0
-                                                   for r in batch])
+            tokens, confidence, probs = self._runner.run(
+                plans, [r.sampling for r in batch],
+                [getattr(r.decoder, "exact", False) and r.params.temperature == 0 for r in batch],
+                [r.params.score_tokens if r.token_probs is None else () for r in batch])
         except Exception as exc:  # a failed pass ends the requests in it, never the scheduler
             log.exception("forward pass failed")
             self.scheduler.fail(batch, exc)
             return
+        for request, token_probs in zip(batch, probs):
+            if token_probs is not None:
+                request.token_probs = token_probs
         self.scheduler.postprocess(batch, plans, tokens, confidence)
         self.last_step_at = self.clock()
 

@@ -56,6 +56,9 @@ class GenerationParams:
     # best effort (a speculative draft): stepped only when no foreground request is live, or on
     # every BACKGROUND_EVERY-th pass; RequestHandle.promote() makes it foreground
     background: bool = False
+    # the probabilities of these tokens at the first reply position, in the final update's
+    # token_probs (e.g. the chat template's end-of-turn token: Engine.end_of_turn_probability)
+    score_tokens: tuple[int, ...] = ()
 
     def validate(self) -> None:
         if self.max_new_tokens < 1 or self.max_new_tokens > 8192:
@@ -76,6 +79,8 @@ class GenerationParams:
             raise EngineError(f"fallback must be most_confident|leftmost, got {self.fallback!r}")
         if self.policy not in ("threshold", "factor", "fixed_steps"):
             raise EngineError(f"policy must be threshold|factor|fixed_steps, got {self.policy!r}")
+        if self.score_tokens and self.mode != "autoregressive":
+            raise EngineError("score_tokens needs mode='autoregressive' (a probability of the next token)")
 
 
 @dataclass
@@ -107,6 +112,7 @@ class DraftUpdate:
     finish_reason: Literal["stop", "length", "cancelled", "error"] | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     error: str | None = None
+    token_probs: list[float] | None = None  # for GenerationParams.score_tokens, once known
 
 
 _DONE = object()

@@ -86,24 +86,30 @@ class ModelRunner:
             self.pass_ = TorchPass(model, draft_vocab)
 
     def run(self, plans: list[StepPlan], sampling: list[tuple[float, torch.Generator | None]],
-            drafts_only: list[bool] | None = None) -> tuple[list[int], Tensor]:
+            drafts_only: list[bool] | None = None,
+            scored: list[tuple[int, ...]] | None = None) -> tuple[list[int], Tensor, list[list[float] | None]]:
         """One pass over every plan's segments; a token and its confidence for every target, in
         plan order. sampling[i] is plan i's (temperature, generator): 0 is greedy. drafts_only[i]:
         plan i commits its free targets never unchecked (exact decoding), so their rows need only
-        the draft vocabulary."""
+        the draft vocabulary. scored[i]: token ids whose probabilities at plan i's first target
+        are returned (the third value, None for plans that ask for none)."""
         segments, rows = pack(plans)
         with torch.inference_mode():
             hidden = self.pass_.forward(segments, rows)
             tokens, confidence = self.pass_.greedy(hidden, draft_rows(plans, drafts_only or [False] * len(plans)))
-            offset = 0
-            for plan, (temperature, generator) in zip(plans, sampling):
+            offset, probs = 0, []
+            for plan, (temperature, generator), wanted in zip(plans, sampling, scored or [()] * len(plans)):
                 count = len(plan.targets)
                 if temperature > 0:
                     logits = self.pass_.logits(hidden[offset:offset + count])
                     tokens[offset:offset + count], confidence[offset:offset + count] = \
                         pick_tokens(logits, temperature, generator)
+                probs.append(None)
+                if wanted and count:
+                    distribution = torch.softmax(self.pass_.logits(hidden[offset:offset + 1]).float(), -1)[0]
+                    probs[-1] = distribution[list(wanted)].tolist()
                 offset += count
-        return tokens.tolist(), confidence  # one host read for the batch (a device sync on a GPU)
+        return tokens.tolist(), confidence, probs  # one host read for the batch (a device sync on a GPU)
 
 
 def draft_rows(plans: list[StepPlan], drafts_only: list[bool]) -> list[int]:

@@ -35,6 +35,7 @@ class LiveRequest:
     generator: torch.Generator | None
     stats: RequestStats = field(default_factory=RequestStats)
     committed_in_denoise: int = 0
+    token_probs: list[float] | None = None  # GenerationParams.score_tokens, after the first pass
 
     @property
     def sampling(self) -> tuple[float, torch.Generator | None]:
@@ -189,7 +190,7 @@ class Scheduler:
             committed_text=self.decode(settled),
             draft_text=self.decode(decoder.draft_ids()),
             token_ids=settled, step=stats.denoise_steps, final=final, finish_reason=reason,
-            stats=RequestStats(**vars(stats)), error=error,
+            stats=RequestStats(**vars(stats)), error=error, token_probs=request.token_probs,
         ))
 
     def close(self, pending: list[LiveRequest], reason: str = "cancelled", error: str | None = None) -> None:

@@ -305,3 +305,26 @@ def test_a_dead_scheduler_fails_every_request_and_refuses_new_ones(tiny_bd):
     with pytest.raises(EngineError, match="the engine failed"):
         engine.submit(PROMPTS[1])
     engine.close()
+
+
+def test_score_tokens_give_the_next_token_probabilities_of_the_prompt(tiny_bd):
+    """end_of_turn_probability: p(end-of-turn | the conversation so far), from one pass; the same
+    numbers the model's logits give at the prompt's last position."""
+    engine = Engine(tiny_bd)
+    try:
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        prefix, eot = engine.end_of_turn_prompt(messages)
+        full = engine.prompt_ids(messages, raw=False)
+        assert full[: len(prefix)] == prefix and full[len(prefix)] == eot  # the token right after the text
+        final = engine.end_of_turn_probability(messages).result(timeout=60)
+        causal = torch.ones(len(prefix), len(prefix), dtype=torch.bool).tril()[None, None]
+        with torch.inference_mode():
+            logits = tiny_bd.model.logits(tiny_bd.model.forward_dense(torch.tensor([prefix]), causal)[0, -1])
+        expected = torch.softmax(logits.float(), -1)[eot].item()
+        assert final.token_probs == pytest.approx([expected], rel=1e-4)
+        with pytest.raises(EngineError, match="autoregressive"):
+            engine.submit(prefix, GenerationParams(score_tokens=(eot,)))
+        with pytest.raises(EngineError, match="token ids must be in"):
+            engine.submit([10**9], GenerationParams(mode="autoregressive"))
+    finally:
+        engine.close()
