@@ -30,19 +30,24 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 class PrefixStore:
     """Keys and values of the last ended requests' written slots, with the tokens they hold, up
-    to `max_entries` entries and `max_tokens` tokens in all (copies: a request's own cache is
+    to `max_entries` entries and `max_bytes` in all (copies: a request's own cache is
     preallocated to its longest possible reply and would pin far more memory).
     Used only from the engine's scheduler thread."""
 
-    def __init__(self, max_entries: int = 16, min_tokens: int = 16, max_tokens: int = 16384):
+    def __init__(self, max_entries: int = 16, min_tokens: int = 16, max_bytes: int = 256 << 20):
         self.max_entries = max_entries
         self.min_tokens = min_tokens  # shorter matches are not worth a copy
-        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes  # SmolLM2's fp32 cache: 46 KB a token, so ~5.7k tokens
         self._entries: deque[tuple[list[int], Tensor, Tensor]] = deque()
+
+    @property
+    def bytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for _, k, v in self._entries)
 
     def offer(self, token_ids: list[int], cache: KVCache) -> None:
         """token_ids: what cache slots [0, len) hold (final keys and values)."""
-        length = min(len(token_ids), self.max_tokens)
+        per_token = 2 * cache.k[:, :, :1].numel() * cache.k.element_size() if cache.k is not None else 0
+        length = min(len(token_ids), self.max_bytes // max(1, per_token))
         if self.max_entries <= 0 or length < self.min_tokens or cache.k is None:
             return
         token_ids = list(token_ids[:length])
@@ -50,7 +55,7 @@ class PrefixStore:
         for old in [e for e in self._entries if common_prefix_len(e[0], token_ids) == len(e[0])]:
             self._entries.remove(old)
         self._entries.append((token_ids, cache.k[:, :, :length].clone(), cache.v[:, :, :length].clone()))
-        while len(self._entries) > self.max_entries or sum(len(e[0]) for e in self._entries) > self.max_tokens:
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
             self._entries.popleft()
 
     def take(self, token_ids: list[int], cache: KVCache, limit: int) -> int:

@@ -61,7 +61,7 @@ class Scheduler:
         self.live: list[LiveRequest] = []
         self.passes = 0
         # copies of ended requests' written cache slots, for prompts that start the same
-        # (at most 16384 tokens, held beyond the engine's max_cached_tokens)
+        # (at most 256 MiB, held beyond the engine's max_cached_tokens)
         self.prefixes = PrefixStore(prefix_cache_entries)
 
     # ---- admission and batch choice ----------------------------------------------------------
