@@ -37,14 +37,16 @@ def main() -> None:
     parser.add_argument("--stage", choices=["all", "distill", "train", "export"], default="all",
                         help="export: write the adapter from the last checkpoint without training further")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-bd")
-    parser.add_argument("--train-prompts", type=int, default=6000, help="first turns; each also gets a second turn")
+    parser.add_argument("--train-prompts", type=int, default=6000, help="first turns")
+    parser.add_argument("--second-turns", type=int, default=6000,
+                        help="second turns (follow-ups, questions over a cut-off reply), built on the first ones")
     parser.add_argument("--eval-prompts", type=int, default=150)
     parser.add_argument("--max-new-tokens", type=int, default=80)
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--max-steps", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=8, help="the decode block the drafter is trained for")
-    parser.add_argument("--anchors", type=int, default=8, help="masked blocks per sequence per step")
+    parser.add_argument("--anchors", type=int, default=12, help="masked blocks per sequence per step")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--init", type=Path, default=None,
@@ -65,8 +67,8 @@ def main() -> None:
     (args.run_dir / "eval_prompts.json").write_text(json.dumps(eval_prompts, indent=1))
 
     engine = Engine.load("smollm2-135m", dtype="float32", max_live_requests=64)
-    records = distill(engine, train_prompts, args.run_dir / "train.jsonl", args.max_new_tokens, second_turns=True,
-                      seed=args.seed)
+    records = distill(engine, train_prompts, args.run_dir / "train.jsonl", args.max_new_tokens,
+                      second_turns=args.second_turns, seed=args.seed)
     distill(engine, eval_prompts, args.run_dir / "eval.jsonl", args.max_new_tokens)
     engine.close()
     if args.stage == "distill":

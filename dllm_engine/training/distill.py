@@ -21,16 +21,16 @@ def _key(messages: list[dict]) -> str:
 
 
 def distill(engine: Engine, prompts: list[str], out: Path, max_new_tokens: int, concurrency: int = 32,
-            second_turns: bool = False, seed: int = 0) -> list[dict]:
-    """One record per prompt (half with the voice system prompt), and with `second_turns` one
-    more per first turn: a follow-up, or a question over a reply cut off as by a barge-in.
-    Makes only what `out` lacks; returns every record."""
+            second_turns: int = 0, seed: int = 0) -> list[dict]:
+    """One record per prompt (half with the voice system prompt), and for the first
+    `second_turns` of them one more: a follow-up, or a question over a reply cut off as by a
+    barge-in. Makes only what `out` lacks; returns every record."""
     firsts = [conversation(p, voice_system=i % 2 == 0) for i, p in enumerate(prompts)]
     done = _answer(engine, firsts, out, max_new_tokens, concurrency)
     records = [done[_key(m)] for m in firsts]
     if second_turns:
         rng = random.Random(seed)
-        seconds = [second_turn(r["messages"], r["reply"], rng) for r in records]
+        seconds = [second_turn(r["messages"], r["reply"], rng) for r in records[:second_turns]]
         done = _answer(engine, seconds, out, max_new_tokens, concurrency)
         records += [done[_key(m)] for m in seconds]
     return records
