@@ -220,3 +220,25 @@ def test_checked_drafts_keep_the_reply_exactly_autoregressive_in_fewer_passes():
         engine.close()
     assert checked.token_ids == greedy.token_ids
     assert checked.stats.forward_passes < greedy.stats.forward_passes
+
+
+@pytest.mark.slow
+def test_the_fused_pass_gives_the_torch_pass_greedy_replies_on_the_real_model():
+    """SmolLM2's Q4_1/Q8_0 blocks streamed by kernels/cpu against the same weights dequantized
+    to fp32 torch: token for token on a fixed prompt set, in both modes."""
+    from kernels import cpu
+    from dllm_engine.bench import BENCH_PROMPTS
+    from dllm_engine.engine import Engine
+    from dllm_engine.request import GenerationParams
+
+    if cpu.available() is not None:
+        pytest.skip(f"CPU kernels unavailable: {cpu.available()}")
+    replies = {}
+    for backend in ("fused", "torch"):
+        engine = Engine.load("smollm2-135m-bd", dtype="float32", backend=backend, prefix_cache_entries=0)
+        try:
+            replies[backend] = [engine.generate(p, GenerationParams(mode=mode, max_new_tokens=16)).token_ids
+                                for p in BENCH_PROMPTS[:3] for mode in ("autoregressive", "diffusion")]
+        finally:
+            engine.close()
+    assert replies["fused"] == replies["torch"]
