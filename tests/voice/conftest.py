@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))  # make_test_audio
-sys.path.insert(0, str(ROOT))  # `tests.voice.*` helpers, also when pytest runs without `python -m`
+from .utterances import spoken_utterances
 
-from make_test_audio import ensure_test_audio, read_wav  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def test_audio() -> dict[str, np.ndarray]:
-    """Piper-spoken test utterances, PCM16 mono 24 kHz, keyed by name."""
-    return {name: read_wav(path) for name, path in ensure_test_audio().items()}
+    """Piper-spoken test utterances, PCM16 mono 24 kHz, keyed by name (utterances.py)."""
+    return spoken_utterances()
 
 
 @pytest.fixture(scope="session")
 def speech_models():
     """The real Whisper, Piper and Silero models (no engine)."""
-    from voice_app.asr import Transcriber
-    from voice_app.audio.vad import SileroVad
     from voice_app.settings import Settings
-    from voice_app.tts import Synthesizer
+    from voice_app.speech.asr import Transcriber
+    from voice_app.speech.tts import Synthesizer
+    from voice_app.speech.vad import SileroVad
 
     settings = Settings()
     transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type, settings.whisper_cpu_threads)
@@ -51,9 +48,9 @@ def engine():
 @pytest.fixture(scope="session")
 def voice_server(engine, speech_models):
     """A real voice server on a free port, sharing the session's models."""
-    from voice_app.loaded_models import LoadedModels
-    from voice_app.server import BackgroundServer
+    from voice_app.realtime.server import BackgroundServer
     from voice_app.settings import Settings
+    from voice_app.speech.loaded_models import LoadedModels
 
     models = LoadedModels(engine, speech_models["transcriber"], speech_models["synthesizer"], speech_models["vad"])
     server = BackgroundServer(Settings(port=0, max_sessions=3, web_dir=str(ROOT / "web")), models).start()

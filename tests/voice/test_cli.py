@@ -25,6 +25,6 @@ def test_mode_modules_register_their_subcommands(monkeypatch):
     fake_module = types.SimpleNamespace(register=register)
     real_import = cli.importlib.import_module
     monkeypatch.setattr(cli.importlib, "import_module",
-                        lambda name: fake_module if name == "voice_app.desktop" else real_import(name))
+                        lambda name: fake_module if name == "voice_app.desktop.command" else real_import(name))
     args = cli.build_parser().parse_args(["desktop"])
     assert args.run(args) == 7

@@ -1,1 +1,1 @@
-"""Audio plumbing: PCM16 conversion, resampling, voice activity detection."""
+"""Audio plumbing: PCM16 conversion, resampling, the input buffer."""

@@ -1,0 +1,123 @@
+"""Unit tests of core's pure logic: speech text, LocalAgreement, turn rules, history, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from voice_app.core.conversation import ContextTooLong, Conversation, ConversationItem, SpokenPiece, fit_to_context
+from voice_app.core.local_agreement import LocalAgreement
+from voice_app.core.metrics import VoiceMetrics
+from voice_app.core.models import VAD_WINDOW
+from voice_app.core.options import TurnDetection
+from voice_app.core.speech_text import SentenceSettler, clean_for_speech, split_settled_sentences
+from voice_app.core.turn_detector import TurnDetector
+
+
+@pytest.mark.parametrize("raw, spoken", [
+    ("**Paris** is the _capital_.", "Paris is the capital."),
+    ("# Title\n- one\n- two", "Title one two"),
+    ("See [the docs](https://x.org/a) or https://www.example.com/page now", "See the docs or www dot example dot com now"),
+    ("Great job! 🎉👍", "Great job!"),
+    ("Rock & roll costs $5, 50% off", "Rock and roll costs 5 dollars, 50 percent off"),
+    ("Use `print()` here\n```python\nx = 1\n```\ndone", "Use print() here done"),
+])
+def test_clean_for_speech(raw, spoken):
+    assert clean_for_speech(raw) == spoken
+
+
+def test_sentences_settle_only_when_followed_by_more_text():
+    assert split_settled_sentences("Hi there. How are", final=False) == (["Hi there."], "How are")
+    assert split_settled_sentences("It costs 3.5 euros", final=False) == ([], "It costs 3.5 euros")
+    assert split_settled_sentences("Done.", final=False) == ([], "Done.")
+    assert split_settled_sentences("Done.", final=True) == (["Done."], "")
+    settler = SentenceSettler()
+    assert settler.feed("One. Tw", False) == ["One."]
+    assert settler.feed("One. Two! Thr", False) == ["Two!"]
+    assert settler.feed("One. Two! Three", True) == ["Three"]
+    assert settler.feed("One. Two! Three", True) == []
+
+
+def test_a_long_first_sentence_is_spoken_from_its_first_clause():
+    settler = SentenceSettler(first_clause_words=4)
+    assert settler.feed("Well, the capital", False) == []  # too short a clause to stand alone
+    assert settler.feed("Well, the capital of France, as you know", False) == ["Well, the capital of France,"]
+    assert settler.feed("Well, the capital of France, as you know, is Paris. It", False) == ["as you know, is Paris."]
+    settler = SentenceSettler()
+    assert settler.feed("Dogs are loyal and", False) == []  # too early to break before "and"
+    long_start = "Dogs are loyal animals that people have kept for thousands of years and they"
+    assert settler.feed(long_start, False) == ["Dogs are loyal animals that people have kept for thousands of years"]
+    assert settler.feed(long_start + " love walks. More", False) == ["and they love walks."]
+
+
+def test_local_agreement_commits_words_two_hypotheses_share():
+    agreement = LocalAgreement()
+    assert (p := agreement.update("What is")).stable == "" and p.unstable == "What is"
+    p = agreement.update("what is the cap")
+    assert (p.stable, p.unstable) == ("what is", "the cap")
+    p = agreement.update("What is the capital of")
+    assert (p.stable, p.unstable) == ("what is the", "capital of")  # settled words keep their spelling
+    p = agreement.update("What was")  # a hypothesis that disagrees never takes stable words back
+    assert p.stable == "what is the"
+    assert agreement.update("What is the capital of France?").stable == "what is the"
+    assert agreement.update("What is the capital of France?").unstable == ""
+
+
+def _run_detector(probs, **rules):
+    detector = TurnDetector(TurnDetection(**rules))
+    return [(e.kind, e.sample // VAD_WINDOW) for p in probs for e in detector.feed(p)], detector
+
+
+def test_turn_detector_server_vad_semantics():
+    silence_windows = 500 // 32 + 1
+    probs = [0.1] * 5 + [0.9] * 20 + [0.1] * silence_windows
+    events, detector = _run_detector(probs, threshold=0.5, silence_duration_ms=500, pause_ms=160)
+    assert events == [("speech_started", 5), ("pause", 25), ("speech_stopped", 25)]
+    assert not detector.in_speech
+    # a dip shorter than the silence duration does not end the turn; hysteresis keeps 0.4 as speech
+    probs = [0.9] * 5 + [0.1] * 6 + [0.4] * 3 + [0.9] * 5 + [0.1] * 3
+    events, detector = _run_detector(probs, threshold=0.5, silence_duration_ms=500, pause_ms=160)
+    assert [kind for kind, _ in events] == ["speech_started", "pause"]
+    assert detector.in_speech and detector.speech_ms() > 500
+
+
+def test_heard_text_of_a_truncated_item():
+    item = ConversationItem("item_1", "assistant", "One two. Three four five six.", audio=True,
+                            pieces=[SpokenPiece("One two.", 0, 1000), SpokenPiece("Three four five six.", 1000, 2000)])
+    assert item.text_heard_until(0) == ""
+    assert item.text_heard_until(500) == "One"
+    assert item.text_heard_until(1000) == "One two."
+    assert item.text_heard_until(2000) == "One two. Three four"
+    assert item.text_heard_until(5000) == "One two. Three four five six."
+
+
+class _WordCounter:
+    max_context_tokens = 30
+
+    def count_tokens(self, messages):
+        return sum(len(m["content"].split()) for m in messages)
+
+
+def test_history_is_trimmed_oldest_first_to_fit_the_context():
+    conversation = Conversation()
+    for i in range(6):
+        conversation.add(ConversationItem(f"u{i}", "user", f"question {i} " + "word " * 3))
+        conversation.add(ConversationItem(f"a{i}", "assistant", f"answer {i}"))
+    messages = fit_to_context(conversation.messages("be brief"), _WordCounter(), reply_tokens=10)
+    assert messages[0] == {"role": "system", "content": "be brief"}
+    assert messages[-1]["content"] == "answer 5"
+    assert _WordCounter().count_tokens(messages) <= 20
+    assert len(messages) < 13
+    with pytest.raises(ContextTooLong, match="tokens"):
+        fit_to_context([{"role": "user", "content": "word " * 40}], _WordCounter(), reply_tokens=10)
+
+
+def test_metrics_render_prometheus_text():
+    metrics = VoiceMetrics()
+    metrics.first_audio_ms.observe(120.0)
+    metrics.first_audio_ms.observe(700.0)
+    metrics.add_gauge("voice_live_sessions", "live", lambda: 3)
+    text = metrics.render()
+    assert 'voice_speech_stopped_to_first_audio_ms_bucket{le="150"} 1' in text
+    assert 'voice_speech_stopped_to_first_audio_ms_bucket{le="+Inf"} 2' in text
+    assert "voice_speech_stopped_to_first_audio_ms_count 2" in text
+    assert "voice_live_sessions 3" in text

@@ -1,0 +1,59 @@
+"""Client event validation: every bad input names what was wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from voice_app.realtime.protocol import (CLIENT_EVENT_TYPES, InputAudioBufferAppend, ProtocolError,
+                                         SessionUpdate, parse_client_event)
+
+
+def _error(raw: str | bytes, max_bytes: int = 10000) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        parse_client_event(raw, max_bytes)
+    return info.value
+
+
+def test_the_subset_of_realtime_client_events():
+    assert set(CLIENT_EVENT_TYPES) == {
+        "session.update", "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear",
+        "conversation.item.create", "response.create", "response.cancel", "conversation.item.truncate",
+        "output_audio_buffer.clear"}
+
+
+def test_valid_events_parse_and_ignore_extra_fields():
+    event = parse_client_event(json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA",
+                                           "event_id": "e1", "something_new": 1}), 10000)
+    assert isinstance(event, InputAudioBufferAppend) and event.event_id == "e1"
+    update = parse_client_event(json.dumps({"type": "session.update", "session": {
+        "type": "realtime", "instructions": "Be terse.",
+        "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                            "turn_detection": {"type": "server_vad", "threshold": 0.6, "silence_duration_ms": 400}},
+                  "output": {"voice": "alloy"}}}}), 10000)
+    assert isinstance(update, SessionUpdate)
+    assert update.session.audio.input.turn_detection.threshold == 0.6
+
+
+@pytest.mark.parametrize("raw, code, words", [
+    ("{not json", "invalid_json", "not valid JSON"),
+    ("[1, 2]", "invalid_event", "JSON object"),
+    ('{"no_type": 1}', "invalid_event", "'type'"),
+    ('{"type": "response.dance"}', "unknown_event", "unknown event type 'response.dance'"),
+    ('{"type": "input_audio_buffer.append"}', "invalid_value", "audio"),
+    ('{"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -5}', "invalid_value", "audio_end_ms"),
+    ('{"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}',
+     "invalid_value", "rate"),
+    ('{"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}}}',
+     "invalid_value", "threshold"),
+])
+def test_bad_events_are_named(raw, code, words):
+    error = _error(raw)
+    assert error.code == code
+    assert words in error.message
+
+
+def test_oversized_message_is_refused_before_parsing():
+    error = _error("x" * 20000, max_bytes=10000)
+    assert error.code == "message_too_large" and "10000" in error.message

@@ -1,0 +1,78 @@
+"""Where a response's audio goes, and how much of it the listener has heard.
+
+Each adopted response gets its own sink from the transport. `push` hands it reply audio (PCM16,
+24 kHz) in order; `heard_ms` is how far playback has got; `clear` drops what is not played yet
+and says how much was. Barge-in truncates the assistant's turn in the history with what `clear`
+returns, so the history holds what was really heard wherever the transport can tell.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable, Protocol
+
+import numpy as np
+
+from voice_app.audio.pcm import WIRE_RATE, encode_base64_pcm16
+from voice_app.realtime.protocol import server_event
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class AudioSink(Protocol):
+    async def push(self, chunk: np.ndarray) -> None: ...
+
+    def heard_ms(self) -> float: ...
+
+    def left_ms(self) -> float:
+        """Audio pushed but not heard yet (0 once cleared)."""
+
+    def clear(self) -> float:
+        """Drops the audio not played yet; returns heard_ms at that moment."""
+
+
+# the transport's factory: the response's ids (response_id, item_id, output_index,
+# content_index) -> that response's sink
+OpenSink = Callable[[dict[str, Any]], AudioSink]
+
+
+def ms_of(samples: int, rate: int = WIRE_RATE) -> float:
+    return samples * 1000.0 / rate
+
+
+class WireAudioSink:
+    """A websocket client's player: each chunk goes out as a `response.output_audio.delta`.
+
+    The server cannot hear the client play, so it estimates: playback starts with the first
+    delta and runs in real time (never past what was sent). A client that knows better says so
+    with `conversation.item.truncate`, and the session takes its word instead.
+    """
+
+    def __init__(self, send: Send, ids: dict[str, Any], clock: Callable[[], float] = time.monotonic):
+        self._send = send
+        self._ids = ids
+        self._clock = clock
+        self._sent = 0  # samples
+        self._started_at: float | None = None
+        self._cleared_at_ms: float | None = None
+
+    async def push(self, chunk: np.ndarray) -> None:
+        if self._started_at is None:
+            self._started_at = self._clock()
+        await self._send(server_event("response.output_audio.delta", **self._ids, delta=encode_base64_pcm16(chunk)))
+        self._sent += len(chunk)
+
+    def heard_ms(self) -> float:
+        if self._cleared_at_ms is not None:
+            return self._cleared_at_ms
+        if self._started_at is None:
+            return 0.0
+        return min(ms_of(self._sent), (self._clock() - self._started_at) * 1000.0)
+
+    def left_ms(self) -> float:
+        return 0.0 if self._cleared_at_ms is not None else ms_of(self._sent) - self.heard_ms()
+
+    def clear(self) -> float:
+        """The session tells the client to drop its queue (output_audio_buffer.cleared)."""
+        self._cleared_at_ms = self.heard_ms()
+        return self._cleared_at_ms

@@ -1,0 +1,100 @@
+"""A session's options: what `session.update` changes and `session.created/updated` shows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from voice_app.audio.pcm import WIRE_RATE
+from voice_app.realtime import protocol as p
+from voice_app.settings import Settings
+
+MAX_OUTPUT_TOKENS = 4096  # the most a client may ask for a reply
+
+
+@dataclass
+class TurnDetection:
+    """server_vad: when speech starts and ends, and what a turn does to responses."""
+
+    enabled: bool = True  # False: the client commits turns itself (turn_detection: null)
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    pause_ms: int = 160  # ours, not on the wire: a pause this long starts a speculative draft
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def update(self, vad: p.ServerVad | None) -> None:
+        self.enabled = vad is not None
+        if vad is None:
+            return  # the other values are kept for when it is turned on again
+        for name in ("threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
+                     "interrupt_response"):
+            if getattr(vad, name) is not None:
+                setattr(self, name, getattr(vad, name))
+
+    def shape(self) -> dict[str, Any] | None:
+        if not self.enabled:
+            return None
+        return {"type": "server_vad", "threshold": self.threshold, "prefix_padding_ms": self.prefix_padding_ms,
+                "silence_duration_ms": self.silence_duration_ms, "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response}
+
+
+@dataclass
+class SessionOptions:
+    instructions: str
+    max_output_tokens: int
+    unlimited_output_tokens: int  # what max_output_tokens "inf" means: the server's cap
+    voice: str = "joe"
+    speed: float = 1.0
+    audio_out: bool = True  # output_modalities ["audio"] (spoken, with a transcript) or ["text"]
+    audio_format: dict[str, Any] = field(default_factory=lambda: {"type": "audio/pcm", "rate": WIRE_RATE})
+    turn_detection: TurnDetection = field(default_factory=TurnDetection)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "SessionOptions":
+        return cls(instructions=settings.instructions, max_output_tokens=settings.max_new_tokens,
+                   unlimited_output_tokens=settings.max_new_tokens,
+                   turn_detection=TurnDetection(threshold=settings.vad_threshold,
+                                                prefix_padding_ms=settings.prefix_padding_ms,
+                                                silence_duration_ms=settings.silence_duration_ms,
+                                                pause_ms=settings.draft_pause_ms))
+
+    def reply_tokens(self, requested: int | str) -> int:
+        """A client's max_output_tokens as a token count; ProtocolError when out of range."""
+        if requested == "inf":
+            return self.unlimited_output_tokens
+        if not 1 <= int(requested) <= MAX_OUTPUT_TOKENS:
+            raise p.ProtocolError("invalid_value", f"max_output_tokens must be in 1..{MAX_OUTPUT_TOKENS} or 'inf', "
+                                  f"got {requested}", "max_output_tokens")
+        return int(requested)
+
+    def update(self, config: p.SessionConfig) -> None:
+        """Applies a session.update; a refused one changes nothing (the only check runs first)."""
+        if config.max_output_tokens is not None:
+            self.max_output_tokens = self.reply_tokens(config.max_output_tokens)
+        if config.instructions is not None:
+            self.instructions = config.instructions
+        if config.output_modalities is not None:
+            self.audio_out = "audio" in config.output_modalities
+        audio = config.audio
+        if audio is not None and audio.input is not None and "turn_detection" in audio.input.model_fields_set:
+            self.turn_detection.update(audio.input.turn_detection)
+        if audio is not None and audio.output is not None:
+            self.voice = audio.output.voice or self.voice
+            self.speed = audio.output.speed or self.speed
+
+    def shape(self, session_id: str, model: str, transcription_model: str) -> dict[str, Any]:
+        """The session object of session.created / session.updated."""
+        return {
+            "type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
+            "instructions": self.instructions,
+            "output_modalities": ["audio"] if self.audio_out else ["text"],
+            "max_output_tokens": self.max_output_tokens,
+            "audio": {
+                "input": {"format": dict(self.audio_format), "turn_detection": self.turn_detection.shape(),
+                          "transcription": {"model": transcription_model}},
+                "output": {"format": dict(self.audio_format), "voice": self.voice, "speed": self.speed},
+            },
+        }

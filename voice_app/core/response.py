@@ -1,0 +1,228 @@
+"""One assistant reply: an engine request, its sentences through TTS, and the events and audio
+that carry it to the client.
+
+A response starts *speculative* (drafted from a partial transcript, nothing sent) and becomes
+*active* when the session adopts it; a discarded speculation is cancelled unseen. One speaker
+task sends everything the response produces, in order (events to `send`, audio to the
+transport's AudioSink), and checks `cancelled` right before each send: once the session cancels
+a response, not one more event or chunk of its audio goes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+from voice_app.audio.pcm import WIRE_RATE
+from voice_app.core.audio_sink import AudioSink, Send, ms_of
+from voice_app.core.conversation import ConversationItem, SpokenPiece, new_id
+from voice_app.core.models import Synthesizer
+from voice_app.core.speech_text import SentenceSettler, clean_for_speech
+from voice_app.core.turns import TurnClock
+from voice_app.realtime.protocol import message_item, server_event
+
+log = logging.getLogger(__name__)
+
+AUDIO_CHUNK_SAMPLES = WIRE_RATE // 5  # 200 ms of audio per sink push (per response.output_audio.delta)
+SPECULATIVE_SENTENCES = 1  # sentences a speculative response may synthesise before adoption
+
+
+class Response:
+    def __init__(self, *, handle: Any, source_text: str, audio_out: bool, synthesizer: Synthesizer,
+                 speculative_tts: bool, speed: float = 1.0):
+        self.id = new_id("resp")
+        self.item = ConversationItem(id=new_id("item"), role="assistant", audio=audio_out,
+                                     status="in_progress")
+        self.handle = handle
+        self.source_text = source_text  # the user text this reply was drafted from
+        self.prompt_messages: list[dict[str, str]] = []  # the context it was drafted for
+        self.audio_out = audio_out
+        self.clock = TurnClock()
+        self.cancelled = False
+        self.status = "in_progress"
+        self.last_update: Any = None
+        self.spoken_text = ""  # text of every sentence handed to the client so far
+        self.metrics_reported = False
+        self._draft_queued = False
+        self.audio_sent_samples = 0
+        self._synthesizer = synthesizer
+        self._speculative_tts = speculative_tts
+        self._speed = speed
+        self.sink: AudioSink | None = None  # the listener's player, set by the session on activation
+        self._adopted = asyncio.Event()
+        self._outbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._sentences: asyncio.Queue[str | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._send: Send | None = None
+        self._on_finished: Callable[["Response"], Awaitable[None]] | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begins drafting (and, if allowed, speculative synthesis) without sending anything."""
+        self._tasks.append(asyncio.create_task(self._follow_engine(), name=f"{self.id}-engine"))
+        if self.audio_out:
+            self._tasks.append(asyncio.create_task(self._synthesize_sentences(), name=f"{self.id}-tts"))
+
+    def adopt(self, send: Send, on_finished: Callable[["Response"], Awaitable[None]], clock: TurnClock) -> None:
+        """Makes the response real: from now on its events go to `send`, its audio to `sink`."""
+        assert self.sink is not None, "the session gives an adopted response its sink first"
+        self._send, self._on_finished, self.clock = send, on_finished, clock
+        self.handle.promote()  # a speculative draft now has a listener: full engine priority
+        if self.last_update is not None and self.last_update.draft_text and clock.first_draft_at is None:
+            clock.first_draft_at = time.monotonic()
+        self._adopted.set()
+        self._tasks.append(asyncio.create_task(self._speak(), name=f"{self.id}-speaker"))
+
+    @property
+    def adopted(self) -> bool:
+        return self._adopted.is_set()
+
+    def cancel(self) -> None:
+        """Stops engine and TTS work at once; safe to call more than once."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        self.handle.cancel()
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    async def wait_stopped(self) -> None:
+        """Waits until every task of this response has ended (after cancel or completion)."""
+        others = [t for t in self._tasks if t is not asyncio.current_task()]
+        if others:
+            await asyncio.gather(*others, return_exceptions=True)
+
+    def turn_report(self) -> dict[str, Any]:
+        """The x_turn.metrics fields: latencies of this turn in ms (None where not applicable)."""
+        clock, stats = self.clock, getattr(self.last_update, "stats", None)
+        return {
+            "response_id": self.id,
+            "speech_stopped_to_transcript_ms": clock.ms(clock.speech_stopped_at, clock.transcript_at),
+            "speech_stopped_to_first_draft_ms": clock.ms(clock.speech_stopped_at, clock.first_draft_at),
+            "speech_stopped_to_first_audio_ms": clock.ms(clock.speech_stopped_at, clock.first_audio_at),
+            "barge_in_to_cleared_ms": clock.ms(clock.speech_started_at, clock.cleared_at),
+            "tokens_per_forward": round(stats.tokens_per_forward, 3) if stats else None,
+            "forward_passes": stats.forward_passes if stats else None,
+        }
+
+    # ---- producers --------------------------------------------------------------------
+
+    async def _follow_engine(self) -> None:
+        settler = SentenceSettler()
+        async for update in self.handle:
+            self.last_update = update
+            if update.draft_text and self.adopted and self.clock.first_draft_at is None:
+                self.clock.first_draft_at = time.monotonic()
+            if not self._draft_queued:  # a slow reader gets the newest draft, not every one
+                self._draft_queued = True
+                self._outbox.put_nowait(("draft", None))
+            if update.finish_reason == "error":
+                self._outbox.put_nowait(("failed", update.error or "engine error"))
+                break
+            for sentence in settler.feed(update.committed_text, final=update.final):
+                log.debug("response %s: sentence settled after %d passes: %r", self.id, update.stats.forward_passes,
+                          sentence)
+                sentence = clean_for_speech(sentence)
+                if sentence and self.audio_out:
+                    self._sentences.put_nowait(sentence)
+                elif sentence:
+                    self._outbox.put_nowait(("text", sentence))
+        self._sentences.put_nowait(None)
+        if not self.audio_out:
+            self._outbox.put_nowait(("end", None))
+
+    async def _synthesize_sentences(self) -> None:
+        synthesized = 0
+        audio_ahead_s = 0.0  # of this reply, synthesised before the sentence at hand
+        while (sentence := await self._sentences.get()) is not None:
+            if synthesized >= SPECULATIVE_SENTENCES or not self._speculative_tts:
+                await self._adopted.wait()  # speculation stops short: CPU is better spent elsewhere
+            started = time.monotonic()
+            # needed once the audio before it has played (now, if nothing plays yet): a first
+            # sentence goes before another reply's later ones
+            playing_since = self.clock.first_audio_at
+            needed_at = started if playing_since is None else max(started, playing_since + audio_ahead_s)
+            samples = await self._synthesizer.synthesize(sentence, self._speed, needed_at)
+            audio_ahead_s += len(samples) / WIRE_RATE
+            log.debug("response %s: synthesized %.1f s of speech in %.0f ms", self.id, len(samples) / WIRE_RATE,
+                      (time.monotonic() - started) * 1000)
+            synthesized += 1
+            self._outbox.put_nowait(("audio", (sentence, samples)))
+        self._outbox.put_nowait(("end", None))
+
+    # ---- the one sender -------------------------------------------------------------------
+
+    async def _emit(self, event_type: str, **fields: Any) -> None:
+        if self.cancelled:
+            raise asyncio.CancelledError
+        assert self._send is not None
+        await self._send(server_event(event_type, **fields))
+
+    async def _speak(self) -> None:
+        ids = {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+        try:
+            while True:
+                kind, payload = await self._outbox.get()
+                if kind == "draft":
+                    self._draft_queued = False
+                    await self._send_draft(self.last_update)
+                elif kind == "audio":
+                    await self._send_sentence_audio(ids, *payload)
+                elif kind == "text":
+                    self.spoken_text = f"{self.spoken_text} {payload}".strip()
+                    await self._emit("response.output_text.delta", **ids, delta=payload + " ")
+                elif kind == "failed":
+                    self.status = "failed"
+                    log.error("response %s failed: %s", self.id, payload)
+                    break
+                elif kind == "end":
+                    self.status = "completed"
+                    break
+        except asyncio.CancelledError:
+            return  # cut off: the session ends the response itself
+        if self._on_finished is not None:
+            await self._on_finished(self)
+
+    async def _send_draft(self, update: Any) -> None:
+        await self._emit("x_response.draft", response_id=self.id, item_id=self.item.id,
+                         committed_text=update.committed_text, draft_text=update.draft_text,
+                         step=update.step, tokens_per_forward=round(update.stats.tokens_per_forward, 3))
+
+    async def _send_sentence_audio(self, ids: dict[str, Any], sentence: str, samples: np.ndarray) -> None:
+        self.item.pieces.append(SpokenPiece(sentence, ms_of(self.audio_sent_samples), ms_of(len(samples))))
+        self.spoken_text = f"{self.spoken_text} {sentence}".strip()
+        await self._emit("response.output_audio_transcript.delta", **ids, delta=sentence + " ")
+        assert self.sink is not None
+        for offset in range(0, len(samples), AUDIO_CHUNK_SAMPLES):
+            chunk = samples[offset : offset + AUDIO_CHUNK_SAMPLES]
+            if self.clock.first_audio_at is None:
+                self.clock.first_audio_at = time.monotonic()
+            if self.cancelled:  # not one more chunk once cut off
+                raise asyncio.CancelledError
+            await self.sink.push(chunk)
+            self.audio_sent_samples += len(chunk)
+
+    # ---- wire shapes ----------------------------------------------------------------------
+
+    def item_event_shape(self) -> dict[str, Any]:
+        return message_item(self.item.id, "assistant", self.item.text, self.item.status, self.audio_out)
+
+    def response_shape(self, status: str, reason: str | None = None) -> dict[str, Any]:
+        shape: dict[str, Any] = {
+            "id": self.id, "object": "realtime.response", "status": status,
+            "output_modalities": ["audio"] if self.audio_out else ["text"],
+            "output": [] if status == "in_progress" else [self.item_event_shape()],
+        }
+        if reason:
+            shape["status_details"] = {"type": status, "reason": reason}
+        stats = getattr(self.last_update, "stats", None)
+        if stats is not None and status != "in_progress":
+            shape["usage"] = {"input_tokens": stats.prompt_tokens, "output_tokens": stats.new_tokens,
+                              "total_tokens": stats.prompt_tokens + stats.new_tokens}
+        return shape

@@ -1,0 +1,419 @@
+"""One conversation: client events and the user's turns -> responses, with speculation and barge-in.
+
+Transport-agnostic: a transport hands in client events (`handle_text` for wire text,
+`handle_event` for validated models, `push_pcm16` for raw audio), receives server events through
+the async `send` callback, and plays reply audio through the AudioSink that `open_sink` gives
+each response (default: `response.output_audio.delta` events on `send`). The user's side (VAD,
+partial and final transcripts) is core/turns.py's `Listener`, which calls this session's
+TurnHooks. Everything here runs on one asyncio loop; model work runs in the models' own threads.
+
+Barge-in, all of it in this file: `on_user_speaking` picks the reply being talked over;
+`_interrupt` cuts one still being produced, `_cut_playback` one sent but still playing; both
+clear its sink and keep in the history only what the sink says was heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+from pydantic import BaseModel
+
+from voice_app.audio.pcm import WIRE_RATE, AudioFormatError, decode_base64_pcm16
+from voice_app.core.audio_sink import OpenSink, Send, WireAudioSink
+from voice_app.core.conversation import ContextTooLong, Conversation, ConversationItem, fit_to_context, new_id
+from voice_app.core.metrics import VoiceMetrics
+from voice_app.core.models import Models
+from voice_app.core.options import SessionOptions
+from voice_app.core.response import Response
+from voice_app.core.turns import Listener, TurnClock, UserTurn
+from voice_app.realtime import protocol as p
+from voice_app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """`models`: the engine, transcriber, synthesizer and VAD, shared by all sessions.
+    `send`: awaited with each server event (a dict). `open_sink`: the transport's player for a
+    response's audio (default: audio delta events on `send`). `translate_in`: a client
+    dialect's events -> ours, before validation."""
+
+    def __init__(self, models: Models, settings: Settings, send: Send, metrics: VoiceMetrics | None = None,
+                 open_sink: OpenSink | None = None, translate_in: Callable[[Any], Any] | None = None):
+        self.id = new_id("sess")
+        self.models = models
+        self.settings = settings
+        self.metrics = metrics or VoiceMetrics()
+        self.options = SessionOptions.from_settings(settings)
+        self.conversation = Conversation()
+        self.closed = False
+        self._translate_in = translate_in
+        self._send_raw = send
+        self._send_lock = asyncio.Lock()
+        self._open_sink = open_sink or (lambda ids: WireAudioSink(self._send, ids))
+        self._speculation: Response | None = None
+        self._active: Response | None = None
+        self._playing: Response | None = None  # finished sending, maybe still playing at the client
+        self._responses: set[Response] = set()  # every response not yet stopped, for close()
+        self._tasks: set[asyncio.Task] = set()
+        self.listener = Listener(self.id, models, self.options.turn_detection, settings.partial_interval_ms,
+                                 self.conversation, self._send, self._spawn, hooks=self)
+        self._handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
+            "session.update": self._on_session_update,
+            "input_audio_buffer.append": self._on_input_audio_buffer_append,
+            "input_audio_buffer.commit": self._on_input_audio_buffer_commit,
+            "input_audio_buffer.clear": self._on_input_audio_buffer_clear,
+            "conversation.item.create": self._on_conversation_item_create,
+            "conversation.item.truncate": self._on_conversation_item_truncate,
+            "response.create": self._on_response_create,
+            "response.cancel": self._on_response_cancel,
+            "output_audio_buffer.clear": self._on_output_audio_buffer_clear,
+        }
+
+    @property
+    def active_response_id(self) -> str | None:
+        return self._active.id if self._active is not None else None
+
+    # ---- transport entry points ------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._send(p.server_event("session.created", session=self.session_shape()))
+
+    async def handle_text(self, raw: str | bytes) -> None:
+        """One wire message: parsed, validated, dispatched; a bad one gets an `error` event."""
+        try:
+            event = p.parse_client_event(raw, self.settings.max_message_bytes, self._translate_in)
+            await self.handle_event(event)
+        except p.ProtocolError as error:
+            await self.send_error(error)
+
+    async def send_error(self, error: p.ProtocolError) -> None:
+        log.info("session %s: client error %s: %s", self.id, error.code, error.message)
+        self.metrics.client_errors_total.inc()
+        await self._send(p.error_event(error))
+
+    async def handle_event(self, event: BaseModel) -> None:
+        await self._handlers[event.type](event)  # type: ignore[attr-defined]
+
+    async def push_pcm16(self, samples: np.ndarray, rate: int = WIRE_RATE) -> None:
+        """Raw PCM16 mono input at any rate (the desktop transport calls this directly)."""
+        await self.listener.push_pcm16(samples, rate)
+
+    async def close(self) -> None:
+        """Stops everything this session started; returns when no engine or TTS work is left."""
+        self.closed = True
+        responses = list(self._responses)
+        for response in responses:
+            response.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(r.wait_stopped() for r in responses), return_exceptions=True)
+        log.info("session %s closed", self.id)
+
+    # ---- sending ----------------------------------------------------------------------------
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        async with self._send_lock:
+            try:
+                await self._send_raw(event)
+            except Exception as exc:  # the transport is gone; the transport's owner closes us
+                log.info("session %s: send failed (%s); closing", self.id, exc)
+                self.closed = True
+
+    def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"{self.id}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("session %s: task %s failed", self.id, task.get_name(), exc_info=task.exception())
+
+    # ---- client events ----------------------------------------------------------------------
+
+    async def _on_session_update(self, event: p.SessionUpdate) -> None:
+        self.options.update(event.session)
+        await self._send(p.server_event("session.updated", session=self.session_shape()))
+
+    async def _on_input_audio_buffer_append(self, event: p.InputAudioBufferAppend) -> None:
+        try:
+            samples = decode_base64_pcm16(event.audio)
+        except AudioFormatError as exc:
+            raise p.ProtocolError("invalid_audio", str(exc), "audio", event.event_id) from exc
+        await self.push_pcm16(samples)
+
+    async def _on_input_audio_buffer_commit(self, event: p.InputAudioBufferCommit) -> None:
+        await self.listener.commit(event.event_id)
+
+    async def _on_input_audio_buffer_clear(self, event: p.InputAudioBufferClear) -> None:
+        self.listener.clear()
+        self._drop_speculation()
+        await self._send(p.server_event("input_audio_buffer.cleared"))
+
+    async def _on_conversation_item_create(self, event: p.ConversationItemCreate) -> None:
+        text = " ".join(part.text for part in event.item.content).strip()
+        item = ConversationItem(event.item.id or new_id("item"), event.item.role, text)
+        if self.conversation.find(item.id) is not None:
+            raise p.ProtocolError("invalid_value", f"item id {item.id!r} is already in the conversation",
+                                  "item.id", event.event_id)
+        previous = self.conversation.add(item)
+        self._drop_speculation()  # the context changed under it
+        shape = p.message_item(item.id, item.role, item.text)
+        await self._send(p.server_event("conversation.item.added", previous_item_id=previous, item=shape))
+        await self._send(p.server_event("conversation.item.done", previous_item_id=previous, item=shape))
+
+    async def _on_response_create(self, event: p.ResponseCreate) -> None:
+        if self._active is not None:
+            raise p.ProtocolError("conversation_already_has_active_response",
+                                  f"response {self._active.id} is still in progress; cancel it first",
+                                  None, event.event_id)
+        options = event.response or p.ResponseOptions()
+        instructions = options.instructions if options.instructions is not None else self.options.instructions
+        audio_out = self.options.audio_out if options.output_modalities is None else "audio" in options.output_modalities
+        reply_tokens = (self.options.max_output_tokens if options.max_output_tokens is None
+                        else self.options.reply_tokens(options.max_output_tokens))
+        self._drop_speculation()
+        messages = self.conversation.messages(self._system_prompt(instructions))
+        response = self._start_response(messages, audio_out, reply_tokens, event.event_id)
+        await self._activate(response, TurnClock())
+
+    async def _on_response_cancel(self, event: p.ResponseCancel) -> None:
+        active = self._active
+        if active is None or (event.response_id and event.response_id != active.id):
+            raise p.ProtocolError("response_cancel_not_active",
+                                  f"no active response{' ' + event.response_id if event.response_id else ''} to cancel",
+                                  "response_id", event.event_id)
+        await self._interrupt(active, reason="client_cancelled", send_cleared=False)
+
+    async def _on_conversation_item_truncate(self, event: p.ConversationItemTruncate) -> None:
+        item = self.conversation.find(event.item_id)
+        if item is None or item.role != "assistant":
+            raise p.ProtocolError("invalid_value", f"no assistant item {event.item_id!r} to truncate",
+                                  "item_id", event.event_id)
+        if event.audio_end_ms > item.audio_ms + 1:
+            raise p.ProtocolError("invalid_value",
+                                  f"audio_end_ms {event.audio_end_ms} is past the item's audio ({item.audio_ms:.0f} ms)",
+                                  "audio_end_ms", event.event_id)
+        if self._active is not None and self._active.item is item:
+            await self._interrupt(self._active, reason="client_truncated", send_cleared=False)
+        if self._playing is not None and self._playing.item is item:
+            self._playing = None  # the client stopped playing it: no barge-in estimate overrides its word
+        item.text = item.text_heard_until(event.audio_end_ms)
+        item.status = "incomplete"
+        await self._send(p.server_event("conversation.item.truncated", item_id=item.id,
+                                        content_index=event.content_index, audio_end_ms=event.audio_end_ms))
+
+    async def _on_output_audio_buffer_clear(self, event: p.OutputAudioBufferClear) -> None:
+        if self._active is not None:
+            await self._interrupt(self._active, reason="client_cleared", send_cleared=True)
+        else:
+            await self._send(p.server_event("output_audio_buffer.cleared", response_id=None))
+
+    # ---- the user's turns (TurnHooks, called by the Listener) -------------------------------
+
+    async def on_user_speaking(self, turn: UserTurn, speech_ms: int) -> None:
+        """Barge-in: the user talks over a reply being produced or still playing."""
+        if turn.barged_in or not self.options.turn_detection.interrupt_response:
+            return
+        playing = self._playing if self._playing is not None and self._playing.sink.left_ms() > 0 else None
+        target = self._active or playing
+        if target is None or speech_ms < self.settings.barge_in_min_speech_ms:
+            return
+        turn.barged_in = True
+        target.clock.speech_started_at = turn.started_at
+        self.metrics.barge_ins_total.inc()
+        if target is self._active:
+            await self._interrupt(target, reason="turn_detected", send_cleared=True)
+        else:
+            await self._cut_playback(target)
+
+    def on_interim_transcript(self, text: str) -> None:
+        self._speculate(text)
+
+    async def on_end_of_turn(self, transcript: str, clock: TurnClock) -> None:
+        if not transcript.strip() or not self.options.turn_detection.create_response or self._active is not None:
+            self._drop_speculation()
+            return
+        await self._respond_to_turn(clock)
+
+    # ---- speculation ------------------------------------------------------------------------
+
+    def _system_prompt(self, instructions: str) -> str:
+        """The session's instructions, after the server's spoken-style defaults unless they
+        already begin with them, are empty (the client wants no system prompt) or the
+        setting is off."""
+        base = self.settings.instructions
+        if not self.settings.keep_spoken_style or not instructions or instructions.startswith(base):
+            return instructions
+        return f"{base} {instructions}"
+
+    def _speculate(self, text: str) -> None:
+        """Drafts a reply to what the user has said so far; a newer transcript redrafts."""
+        if not text.strip() or (self._speculation is not None and self._speculation.source_text == text):
+            return
+        self._drop_speculation()
+        log.debug("session %s: speculative draft for %r", self.id, text)
+        messages = self.conversation.messages(self._system_prompt(self.options.instructions), pending_user_text=text)
+        try:
+            self._speculation = self._start_response(messages, self.options.audio_out, self.options.max_output_tokens,
+                                                     None, text, background=True)
+        except p.ProtocolError as error:  # it will fail again at end of turn, and be reported then
+            log.info("session %s: no speculative draft: %s", self.id, error.message)
+
+    def _drop_speculation(self) -> None:
+        if self._speculation is not None:
+            self._discard(self._speculation)
+            self._speculation = None
+
+    def _discard(self, response: Response) -> None:
+        response.cancel()
+        self._spawn(self._forget_when_stopped(response), "forget")
+
+    async def _respond_to_turn(self, clock: TurnClock) -> None:
+        messages = self.conversation.messages(self._system_prompt(self.options.instructions))
+        speculation, self._speculation = self._speculation, None
+        if speculation is not None and not speculation.cancelled and speculation.prompt_messages == messages:
+            log.info("session %s: reusing the speculative draft %s", self.id, speculation.id)
+            response = speculation
+        else:
+            if speculation is not None:
+                log.debug("session %s: speculative draft %s was for %r; drafting again", self.id, speculation.id,
+                          speculation.source_text)
+                self._discard(speculation)
+            try:
+                response = self._start_response(messages, self.options.audio_out, self.options.max_output_tokens,
+                                                None)
+            except p.ProtocolError as error:
+                await self.send_error(error)
+                return
+        await self._activate(response, clock)
+
+    # ---- responses --------------------------------------------------------------------------
+
+    def _start_response(self, messages: list[dict[str, str]], audio_out: bool, reply_tokens: int,
+                        event_id: str | None, source_text: str = "", background: bool = False) -> Response:
+        """background: a speculative draft, which the engine steps only when no reply that is
+        being heard needs the CPU (promoted when adopted)."""
+        from dllm_engine.request import EngineError, GenerationParams
+
+        engine = self.models.engine
+        params = GenerationParams(max_new_tokens=reply_tokens, mode=self.settings.engine_mode,
+                                  deadline_s=self.settings.reply_deadline_s, background=background)
+        try:
+            handle = engine.submit(fit_to_context(messages, engine, reply_tokens), params)
+        except (EngineError, ContextTooLong) as exc:
+            raise p.ProtocolError("response_failed", f"the engine refused the request: {exc}", None, event_id) from exc
+        response = Response(handle=handle, source_text=source_text or messages[-1]["content"],
+                            audio_out=audio_out, synthesizer=self.models.synthesizer,
+                            speculative_tts=self.settings.speculative_tts, speed=self.options.speed)
+        response.prompt_messages = messages
+        self._responses.add(response)
+        response.start()
+        return response
+
+    async def _activate(self, response: Response, clock: TurnClock) -> None:
+        log.debug("session %s: %s adopted", self.id, response.id)
+        self._active = response
+        ids = {"response_id": response.id, "output_index": 0}
+        response.sink = self._open_sink({**ids, "item_id": response.item.id, "content_index": 0})
+        previous = self.conversation.add(response.item)
+        await self._send(p.server_event("response.created", response=response.response_shape("in_progress")))
+        await self._send(p.server_event("response.output_item.added", **ids, item=response.item_event_shape()))
+        await self._send(p.server_event("conversation.item.added", previous_item_id=previous,
+                                        item=response.item_event_shape()))
+        part = {"type": "audio", "transcript": ""} if response.audio_out else {"type": "text", "text": ""}
+        await self._send(p.server_event("response.content_part.added", **ids, item_id=response.item.id,
+                                        content_index=0, part=part))
+        response.adopt(self._send, self._on_response_finished, clock)
+
+    # ---- barge-in and cancellation ----------------------------------------------------------
+
+    async def _interrupt(self, response: Response, reason: str, send_cleared: bool) -> None:
+        """Cuts a response off: stop the work, drop the queued audio (the client's too), then
+        keep in the history only what the listener heard."""
+        response.cancel()
+        if send_cleared:
+            heard_ms = response.sink.clear()
+            await self._send(p.server_event("output_audio_buffer.cleared", response_id=response.id))
+            response.clock.cleared_at = time.monotonic()
+        else:
+            heard_ms = response.sink.heard_ms()
+        response.item.text = (response.item.text_heard_until(heard_ms) if response.audio_out
+                              else response.spoken_text)
+        response.item.status = "incomplete"
+        log.info("session %s: response %s cut off (%s) after %.0f ms heard: %r",
+                 self.id, response.id, reason, heard_ms, response.item.text)
+        await self._end_response(response, "cancelled", reason)
+        self._spawn(self._forget_when_stopped(response), "forget")  # once its TTS job has stopped
+
+    async def _cut_playback(self, response: Response) -> None:
+        """Barge-in after the response was fully sent but while it still plays: the queued
+        audio is dropped, and the history keeps only what was heard."""
+        self._playing = None
+        heard_ms = response.sink.clear()
+        await self._send(p.server_event("output_audio_buffer.cleared", response_id=response.id))
+        response.clock.cleared_at = time.monotonic()
+        response.item.text = response.item.text_heard_until(heard_ms)
+        response.item.status = "incomplete"
+        log.info("session %s: playback of %s cut after %.0f ms: %r", self.id, response.id, heard_ms,
+                 response.item.text)
+        await self._send(p.server_event("conversation.item.truncated", item_id=response.item.id,
+                                        content_index=0, audio_end_ms=int(heard_ms)))
+        await self._report_turn_metrics(response)
+
+    async def _forget_when_stopped(self, response: Response) -> None:
+        await response.wait_stopped()
+        self._responses.discard(response)
+
+    # ---- the end of a response --------------------------------------------------------------
+
+    async def _on_response_finished(self, response: Response) -> None:
+        if response.status == "completed":
+            response.item.text, response.item.status = response.spoken_text, "completed"
+            self._playing = response if response.audio_out else None
+        else:
+            response.item.status = "incomplete"
+        await self._end_response(response, response.status)
+        self._responses.discard(response)
+
+    async def _end_response(self, response: Response, status: str, reason: str | None = None) -> None:
+        if self._active is response:
+            self._active = None
+        ids = {"response_id": response.id, "item_id": response.item.id, "output_index": 0, "content_index": 0}
+        if response.audio_out:
+            await self._send(p.server_event("response.output_audio.done", **ids))
+            await self._send(p.server_event("response.output_audio_transcript.done", **ids,
+                                            transcript=response.item.text))
+            part = {"type": "audio", "transcript": response.item.text}
+        else:
+            await self._send(p.server_event("response.output_text.done", **ids, text=response.item.text))
+            part = {"type": "text", "text": response.item.text}
+        await self._send(p.server_event("response.content_part.done", **ids, part=part))
+        item_shape = response.item_event_shape()
+        await self._send(p.server_event("response.output_item.done", response_id=response.id, output_index=0,
+                                        item=item_shape))
+        await self._send(p.server_event("conversation.item.done", item=item_shape))
+        await self._send(p.server_event("response.done", response=response.response_shape(status, reason)))
+        await self._report_turn_metrics(response)
+
+    async def _report_turn_metrics(self, response: Response) -> None:
+        report = response.turn_report()
+        # a barge-in during playback reports the turn a second time: count its latencies once
+        self.metrics.observe_turn(report, first_report=not response.metrics_reported)
+        response.metrics_reported = True
+        log.info("session %s turn metrics: %s", self.id, report)
+        await self._send(p.server_event("x_turn.metrics", **report))
+
+    def session_shape(self) -> dict[str, Any]:
+        return self.options.shape(self.id, getattr(self.models.engine, "model_name", "unknown"),
+                                  self.models.transcriber.model_name)

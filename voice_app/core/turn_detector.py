@@ -1,0 +1,72 @@
+"""server_vad semantics: per-window speech probabilities -> speech start / pause / stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from voice_app.audio.pcm import ASR_RATE
+from voice_app.core.models import VAD_WINDOW
+from voice_app.core.options import TurnDetection
+
+WINDOW_MS = VAD_WINDOW * 1000 // ASR_RATE
+
+
+@dataclass(frozen=True)
+class TurnEvent:
+    kind: Literal["speech_started", "pause", "speech_stopped"]
+    sample: int  # 16 kHz sample index in the stream where the event applies
+
+
+class TurnDetector:
+    """Speech starts when a window's probability reaches the threshold and ends after
+    `silence_duration_ms` below (threshold - 0.15) (hysteresis against flicker). The rules are
+    read live, so a session.update applies from the next window on."""
+
+    def __init__(self, rules: TurnDetection):
+        self.rules = rules
+        self.in_speech = False
+        self.windows_seen = 0
+        self.speech_start_sample = 0
+        self.last_speech_sample = 0
+        self._silent_windows = 0
+        self._pause_sent = False
+
+    def speech_ms(self) -> int:
+        """How long the current turn's speech has lasted (0 when not in speech)."""
+        if not self.in_speech:
+            return 0
+        return (self.windows_seen * VAD_WINDOW - self.speech_start_sample) * 1000 // ASR_RATE
+
+    def feed(self, prob: float) -> list[TurnEvent]:
+        start = self.windows_seen * VAD_WINDOW
+        self.windows_seen += 1
+        if not self.in_speech:
+            if prob >= self.rules.threshold:
+                self.in_speech = True
+                self.speech_start_sample = start
+                self.last_speech_sample = start + VAD_WINDOW
+                self._silent_windows = 0
+                self._pause_sent = False
+                return [TurnEvent("speech_started", start)]
+            return []
+        if prob >= max(self.rules.threshold - 0.15, 0.01):
+            self.last_speech_sample = start + VAD_WINDOW
+            self._silent_windows = 0
+            self._pause_sent = False
+            return []
+        self._silent_windows += 1
+        silence_ms = self._silent_windows * WINDOW_MS
+        if silence_ms >= self.rules.silence_duration_ms:
+            self.in_speech = False
+            return [TurnEvent("speech_stopped", self.last_speech_sample)]
+        if silence_ms >= self.rules.pause_ms and not self._pause_sent:
+            self._pause_sent = True
+            return [TurnEvent("pause", self.last_speech_sample)]
+        return []
+
+    def force_stop(self) -> TurnEvent | None:
+        if not self.in_speech:
+            return None
+        self.in_speech = False
+        return TurnEvent("speech_stopped", self.last_speech_sample)

@@ -1,0 +1,235 @@
+"""The user's side of a conversation: input audio -> turns -> transcripts.
+
+`Listener` owns the utterance being spoken: it runs the VAD over the input audio, re-transcribes
+the open utterance every ~250 ms (LocalAgreement-2 keeps the stable prefix), says when a draft
+is worth starting (a pause, or a partial with nothing unstable left) and writes the final
+transcript into the conversation. It sends the input side's events itself and calls the
+session's `TurnHooks` for everything that concerns replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+import numpy as np
+
+from voice_app.audio.buffer import InputBuffer
+from voice_app.audio.pcm import ASR_RATE, StreamResampler, int16_to_float
+from voice_app.core.conversation import Conversation, ConversationItem, new_id
+from voice_app.core.models import Models
+from voice_app.core.options import TurnDetection
+from voice_app.core.turn_detector import TurnDetector, TurnEvent
+from voice_app.realtime import protocol as p
+from voice_app.core.local_agreement import LocalAgreement
+
+log = logging.getLogger(__name__)
+
+MAX_UTTERANCE_S = 30  # a turn this long is committed even if the speaker goes on
+REUSE_MARGIN_SAMPLES = ASR_RATE // 10  # a transcript reaches 100 ms past the last speech: reusable
+FINAL_TAIL_SAMPLES = ASR_RATE // 5  # trailing silence Whisper gets after the last speech
+MIN_COMMIT_SAMPLES = ASR_RATE // 10  # input_audio_buffer.commit needs at least 100 ms
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Spawn = Callable[[Awaitable[Any], str], asyncio.Task]
+
+
+@dataclass
+class TurnClock:
+    """Wall-clock marks of one user turn (time.monotonic seconds) for the latency metrics."""
+
+    speech_stopped_at: float | None = None
+    transcript_at: float | None = None
+    first_draft_at: float | None = None
+    first_audio_at: float | None = None
+    speech_started_at: float | None = None  # of the speech that barged in
+    cleared_at: float | None = None
+
+    def ms(self, start: float | None, end: float | None) -> float | None:
+        return None if start is None or end is None else round((end - start) * 1000.0, 1)
+
+
+@dataclass
+class UserTurn:
+    """The utterance being spoken now (between speech_started and speech_stopped)."""
+
+    item_id: str
+    start_sample: int  # stream index where its audio begins (prefix padding included)
+    started_at: float  # time.monotonic() when speech was detected
+    agreement: LocalAgreement = field(default_factory=LocalAgreement)
+    stable_sent: str = ""
+    transcriptions: list[tuple[int, asyncio.Task]] = field(default_factory=list)  # (audio end, decode)
+    barged_in: bool = False
+
+    def transcription_covering(self, sample: int) -> asyncio.Task | None:
+        """A decode that heard the turn up to `sample`: a finished one if any, else one running."""
+        covering = [task for end, task in self.transcriptions if end >= sample]
+        finished = [task for task in covering if task.done() and task.exception() is None]
+        return (finished or covering or [None])[-1]
+
+
+class TurnHooks(Protocol):
+    """What the session does when the user speaks (LiveKit's recognition hooks, in spirit)."""
+
+    async def on_user_speaking(self, turn: UserTurn, speech_ms: int) -> None:
+        """Every VAD window of an open turn: the moment to decide on a barge-in."""
+
+    def on_interim_transcript(self, text: str) -> None:
+        """What the user has said so far, worth drafting a reply to before the turn ends."""
+
+    async def on_end_of_turn(self, transcript: str, clock: TurnClock) -> None:
+        """The turn is in the conversation with its final transcript."""
+
+
+class Listener:
+    def __init__(self, session_id: str, models: Models, rules: TurnDetection, partial_interval_ms: int,
+                 conversation: Conversation, send: Send, spawn: Spawn, hooks: TurnHooks):
+        self._session_id = session_id
+        self._transcriber = models.transcriber
+        self._rules = rules
+        self._partial_interval_s = partial_interval_ms / 1000.0
+        self._conversation = conversation
+        self._send = send
+        self._spawn = spawn
+        self._hooks = hooks
+        self._resamplers: dict[int, StreamResampler] = {}
+        self._vad = models.vad.stream()
+        self._detector = TurnDetector(rules)
+        self._buffer = InputBuffer(max_samples=ASR_RATE * (MAX_UTTERANCE_S + 5))
+        self.turn: UserTurn | None = None
+
+    # ---- input ------------------------------------------------------------------------------
+
+    async def push_pcm16(self, samples: np.ndarray, rate: int) -> None:
+        if rate not in self._resamplers:
+            self._resamplers[rate] = StreamResampler(rate, ASR_RATE)
+        audio = self._resamplers[rate].process(int16_to_float(samples))
+        self._buffer.append(audio)
+        for prob in self._vad.process(audio):
+            for turn_event in self._detector.feed(prob):
+                if self._rules.enabled:
+                    await self._on_turn_event(turn_event)
+            if self._rules.enabled and self.turn is not None:
+                await self._hooks.on_user_speaking(self.turn, self._detector.speech_ms())
+        if self.turn is None and self._rules.enabled:
+            self._buffer.drop_before(self._buffer.end - self._prefix_samples())
+            self._vad.reset_if_long_idle()
+        elif self.turn is not None and self._buffer.end - self.turn.start_sample > MAX_UTTERANCE_S * ASR_RATE:
+            await self._stop_speech()
+
+    async def commit(self, event_id: str | None) -> None:
+        """input_audio_buffer.commit: ends the open turn, or makes one of the buffered audio."""
+        if self.turn is not None:
+            await self._stop_speech()
+            return
+        if self._buffer.end - self._buffer.start < MIN_COMMIT_SAMPLES:
+            raise p.ProtocolError("input_audio_buffer_commit_empty",
+                                  "the input audio buffer holds less than 100 ms of audio", None, event_id)
+        turn = UserTurn(new_id("item"), self._buffer.start, time.monotonic())
+        end = self._buffer.end
+        self._spawn(self._finish_turn(turn, end, TurnClock(speech_stopped_at=time.monotonic())), "commit")
+
+    def clear(self) -> None:
+        """input_audio_buffer.clear: the buffered audio and the open turn are forgotten."""
+        self._buffer.clear()
+        self._detector.force_stop()
+        self.turn = None
+
+    def _prefix_samples(self) -> int:
+        return self._rules.prefix_padding_ms * ASR_RATE // 1000
+
+    async def _stop_speech(self) -> None:
+        stop = self._detector.force_stop()
+        if stop is not None:
+            await self._on_turn_event(stop)
+
+    # ---- turns ------------------------------------------------------------------------------
+
+    async def _on_turn_event(self, turn_event: TurnEvent) -> None:
+        log.debug("session %s: vad %s at %.2f s of input", self._session_id, turn_event.kind,
+                  turn_event.sample / ASR_RATE)
+        if turn_event.kind == "speech_started":
+            start = max(self._buffer.start, turn_event.sample - self._prefix_samples())
+            self.turn = UserTurn(new_id("item"), start, time.monotonic())
+            await self._send(p.server_event("input_audio_buffer.speech_started", item_id=self.turn.item_id,
+                                            audio_start_ms=start * 1000 // ASR_RATE))
+            self._spawn(self._partials(self.turn), "partials")
+        elif turn_event.kind == "pause" and self.turn is not None:
+            self._spawn(self._draft_at_pause(self.turn), "pause-draft")
+        elif turn_event.kind == "speech_stopped" and self.turn is not None:
+            turn, self.turn = self.turn, None
+            clock = TurnClock(speech_stopped_at=time.monotonic())
+            await self._send(p.server_event("input_audio_buffer.speech_stopped", item_id=turn.item_id,
+                                            audio_end_ms=turn_event.sample * 1000 // ASR_RATE))
+            self._spawn(self._finish_turn(turn, turn_event.sample, clock), "finish-turn")
+
+    async def _transcribe(self, turn: UserTurn, end: int) -> str:
+        """Transcribes the turn's audio up to `end`; remembered so the final transcript can
+        reuse it. Shielded: a cancelled caller does not waste a decode another may need."""
+        audio = self._buffer.slice(turn.start_sample, end)
+        started = time.monotonic()
+        task = asyncio.ensure_future(self._transcriber.transcribe(audio))
+        turn.transcriptions = turn.transcriptions[-3:] + [(end, task)]
+        text = await asyncio.shield(task)
+        log.debug("session %s: %.1f s of speech transcribed in %.0f ms: %r", self._session_id,
+                  len(audio) / ASR_RATE, (time.monotonic() - started) * 1000, text)
+        return text
+
+    async def _partials(self, turn: UserTurn) -> None:
+        last_decode = time.monotonic()
+        while turn is self.turn:
+            await asyncio.sleep(max(0.02, last_decode + self._partial_interval_s - time.monotonic()))  # a steady cadence
+            if turn is not self.turn or self._transcriber.busy:
+                continue
+            last_decode = time.monotonic()
+            if turn.transcription_covering(self._detector.last_speech_sample + REUSE_MARGIN_SAMPLES):
+                continue  # nothing said since the last decode (a pause): leave the CPU to drafting
+            partial = turn.agreement.update(await self._transcribe(turn, self._buffer.end))
+            if turn is not self.turn:
+                return
+            await self._send(p.server_event("x_input_audio_transcription.partial", item_id=turn.item_id,
+                                            stable=partial.stable, unstable=partial.unstable))
+            if len(partial.stable) > len(turn.stable_sent):
+                delta = partial.stable[len(turn.stable_sent):]
+                turn.stable_sent = partial.stable
+                await self._send(p.server_event("conversation.item.input_audio_transcription.delta",
+                                                item_id=turn.item_id, content_index=0, delta=delta))
+            if partial.stable and not partial.unstable:
+                self._hooks.on_interim_transcript(partial.stable)
+
+    async def _draft_at_pause(self, turn: UserTurn) -> None:
+        text = await self._transcribe(turn, self._buffer.end)
+        if turn is self.turn:
+            self._hooks.on_interim_transcript(text)
+
+    async def _final_transcript(self, turn: UserTurn, end: int) -> str:
+        covering = turn.transcription_covering(end + REUSE_MARGIN_SAMPLES)
+        if covering is not None:
+            try:
+                return await asyncio.shield(covering)  # it already heard all of the speech
+            except Exception:
+                log.exception("session %s: reusable transcription failed; decoding again", self._session_id)
+        return await self._transcriber.transcribe(
+            self._buffer.slice(turn.start_sample, end + FINAL_TAIL_SAMPLES), final=True)
+
+    async def _finish_turn(self, turn: UserTurn, end: int, clock: TurnClock) -> None:
+        user_item = ConversationItem(turn.item_id, "user", audio=True, status="in_progress")
+        previous = self._conversation.add(user_item)
+        await self._send(p.server_event("input_audio_buffer.committed", item_id=turn.item_id,
+                                        previous_item_id=previous))
+        await self._send(p.server_event("conversation.item.added", previous_item_id=previous,
+                                        item=p.message_item(user_item.id, "user", "", "in_progress", True)))
+        transcript = await self._final_transcript(turn, end)
+        clock.transcript_at = time.monotonic()
+        user_item.text, user_item.status = transcript, "completed"
+        self._buffer.drop_before(min(end, self.turn.start_sample if self.turn else end))
+        await self._send(p.server_event(
+            "conversation.item.input_audio_transcription.completed", item_id=turn.item_id, content_index=0,
+            transcript=transcript, usage={"type": "duration", "seconds": round((end - turn.start_sample) / ASR_RATE, 3)}))
+        await self._send(p.server_event("conversation.item.done", previous_item_id=previous,
+                                        item=p.message_item(user_item.id, "user", transcript, "completed", True)))
+        log.info("session %s: user said %r", self._session_id, transcript)
+        await self._hooks.on_end_of_turn(transcript, clock)

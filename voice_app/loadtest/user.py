@@ -1,0 +1,273 @@
+"""One simulated user: a microphone streaming PCM16 at real-time pace, and a script runner that
+says each turn's utterance, watches the server's events and measures the latencies."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from voice_app.audio.pcm import WIRE_RATE
+from voice_app.loadtest.connection import RealtimeConnection, ReceivedEvent, SessionClosed, of_type
+from voice_app.loadtest.report import score_transcript
+from voice_app.loadtest.script import Script, ScriptTurn
+from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER
+
+MAX_SUPERSEDED_RESPONSES = 3  # a VAD split of one utterance can cancel a reply or two before the real one
+
+
+class Microphone:
+    """Streams `input_audio_buffer.append` frames on an absolute schedule (sleep drift does not
+    accumulate): queued speech when there is some, silence otherwise."""
+
+    def __init__(self, connection: RealtimeConnection, frame_ms: int, speed: float):
+        self.connection = connection
+        self.frame = WIRE_RATE * frame_ms // 1000
+        self.period_s = frame_ms / 1000.0 / speed
+        self._speech: list[np.ndarray] = []
+        self._spoken: asyncio.Future | None = None
+        self._started_at: float | None = None
+        self._task = asyncio.create_task(self._stream())
+
+    async def say(self, samples: np.ndarray) -> tuple[float, float]:
+        """Queues an utterance; returns (first frame sent, last frame sent) once it is out."""
+        self._spoken = asyncio.get_running_loop().create_future()
+        self._started_at = None
+        self._speech = [samples[i:i + self.frame] for i in range(0, len(samples), self.frame)]
+        return await self._spoken
+
+    async def _stream(self) -> None:
+        silence = np.zeros(self.frame, dtype=np.int16)
+        next_at = time.monotonic()
+        while self.connection.closed is None:
+            frame = self._speech.pop(0) if self._speech else silence
+            await self.connection.send({"type": "input_audio_buffer.append",
+                                        "audio": base64.b64encode(frame.astype("<i2").tobytes()).decode()})
+            now = time.monotonic()
+            if frame is not silence:
+                self._started_at = self._started_at or now
+                if not self._speech and self._spoken is not None and not self._spoken.done():
+                    self._spoken.set_result((self._started_at, now))
+            next_at += self.period_s
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+@dataclass
+class TurnResult:
+    session: int
+    turn: int
+    script_turn: int
+    expected: str | None
+    transcript: str = ""
+    wer: float | None = None
+    reference_words: int = 0
+    word_errors: int = 0
+    response_id: str | None = None
+    status: str | None = None
+    eos_to_transcript_ms: float | None = None
+    eos_to_first_audio_ms: float | None = None
+    eos_to_done_ms: float | None = None
+    barge_in_to_cleared_ms: float | None = None
+    barge_in_missed: bool = False  # the reply talked over had already finished playing
+    stale_audio_deltas: int = 0
+    server_metrics: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class SessionResult:
+    index: int
+    outcome: str = "completed"  # completed | refused | dropped | error
+    detail: str = ""
+    turns: list[TurnResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # `error` events from the server
+
+
+@dataclass
+class RunOptions:
+    url: str
+    frame_ms: int = 40
+    speed: float = 1.0
+    stagger_ms: int = 500
+    turns: int | None = None
+    duration_s: float | None = None
+    turn_timeout_s: float = 120.0
+
+
+def playback_end(events: list[ReceivedEvent], response_id: str, speed: float) -> float:
+    """When a client playing each audio delta of the reply as it arrives, in real time, falls silent."""
+    is_audio = of_type("response.output_audio.delta", response_id)
+    end = 0.0
+    for received in events:
+        if is_audio(received.event):
+            seconds = len(base64.b64decode(received.event["delta"])) / 2 / WIRE_RATE / speed
+            end = max(end, received.at) + seconds
+    return end
+
+
+def ms_between(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round((end - start) * 1000.0, 1)
+
+
+class SimulatedUser:
+    def __init__(self, index: int, script: Script, audio: list[np.ndarray], options: RunOptions):
+        self.index = index
+        self.script = script
+        self.audio = audio
+        self.options = options
+        self.result = SessionResult(index)
+        self.conn: RealtimeConnection | None = None
+        self._pending_reply: PendingReply | None = None  # a reply left playing for the next turn's barge-in
+        self._heard_reply_at = 0.0  # when a client playing the last reply in real time finishes it
+
+    async def run(self) -> SessionResult:
+        from websockets.asyncio.client import connect
+
+        await asyncio.sleep(self.index * self.options.stagger_ms / 1000.0)
+        try:
+            async with connect(self.options.url, max_size=None, open_timeout=60, ping_interval=None) as websocket:
+                self.conn = RealtimeConnection(websocket)
+                await self.conn.wait_for(of_type("session.created"), 0, 60, "session.created")
+                mic = Microphone(self.conn, self.options.frame_ms, self.options.speed)
+                try:
+                    await self._converse(mic)
+                finally:
+                    await mic.stop()
+                    self.result.errors = [e.event["error"].get("message", "") for e in self.conn.events
+                                          if e.event.get("type") == "error"]
+                await self.conn.close()
+        except SessionClosed as closed:
+            refused = closed.code == CLOSE_TRY_AGAIN_LATER and not self.result.turns
+            self.result.outcome = "refused" if refused else "dropped"
+            self.result.detail = str(closed)
+        except (OSError, TimeoutError, asyncio.TimeoutError) as exc:
+            self.result.outcome, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # websockets' handshake errors (InvalidStatus, InvalidURI, ...)
+            self.result.outcome, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
+        return self.result
+
+    def _wants_turn(self, number: int, started: float) -> bool:
+        """--duration: keep talking until the time is up; else --turns, or the script once."""
+        if self.options.duration_s is not None:
+            return time.monotonic() - started < self.options.duration_s
+        return number < (self.options.turns or len(self.script.turns))
+
+    async def _converse(self, mic: Microphone) -> None:
+        started = time.monotonic()
+        turns = self.script.turns
+        number = 0
+        while self._wants_turn(number, started):
+            script_index = number % len(turns)  # the script cycles
+            # A barge-in comes next (if any turn does): leave this reply playing for it.
+            next_barges_in = turns[(number + 1) % len(turns)].barge_in_after_ms is not None
+            result = TurnResult(self.index, number, script_index, turns[script_index].transcript)
+            self.result.turns.append(result)
+            try:
+                await self._play_turn(mic, turns[script_index], self.audio[script_index], result,
+                                      leave_playing=next_barges_in)
+            except TimeoutError as exc:
+                result.error = str(exc)
+            number += 1
+        await self._finish_pending_reply()
+
+    async def _play_turn(self, mic: Microphone, turn: ScriptTurn, samples: np.ndarray, result: TurnResult,
+                         leave_playing: bool) -> None:
+        talked_over, self._pending_reply = self._pending_reply, None
+        if turn.barge_in_after_ms is not None and talked_over is not None:
+            await asyncio.sleep(max(0.0, talked_over.first_audio_at + turn.barge_in_after_ms / 1000 / self.options.speed
+                                    - time.monotonic()))
+        else:
+            if talked_over is not None:
+                await self._wait_done(talked_over)
+                talked_over = None
+            # A person answers after hearing the reply out (the server streams it faster than it plays).
+            heard_in_s = max(0.0, self._heard_reply_at - time.monotonic())
+            await asyncio.sleep(heard_in_s + turn.pause_ms / 1000 / self.options.speed)
+        mark = len(self.conn.events)
+        speech_start, speech_end = await mic.say(samples)
+        if talked_over is not None:
+            await self._measure_barge_in(talked_over, mark, speech_start, result)
+            await self._wait_done(talked_over, heard_out=False)
+        await self._follow_reply(mark, speech_end, result, leave_playing)
+
+    async def _measure_barge_in(self, talked_over: "PendingReply", mark: int, speech_start: float,
+                                result: TurnResult) -> None:
+        """speech start sent -> the talked-over reply's clear; a reply that had finished playing
+        before the barge-in is counted as missed, not as an error."""
+        cleared = of_type("output_audio_buffer.cleared", talked_over.response_id)
+        try:
+            index, event = await self.conn.wait_for(cleared, mark, self.options.turn_timeout_s / 4,
+                                                    "output_audio_buffer.cleared")
+        except TimeoutError:
+            result.barge_in_missed = True
+            return
+        result.barge_in_to_cleared_ms = ms_between(speech_start, event.at)
+        stale = of_type("response.output_audio.delta", talked_over.response_id)
+        result.stale_audio_deltas = sum(1 for later in self.conn.events[index + 1:] if stale(later.event))
+
+    async def _follow_reply(self, mark: int, speech_end: float, result: TurnResult, leave_playing: bool) -> None:
+        conn, timeout = self.conn, self.options.turn_timeout_s
+        search_from = mark
+        for _ in range(MAX_SUPERSEDED_RESPONSES + 1):
+            created_index, created = await conn.wait_for(of_type("response.created"), search_from, timeout,
+                                                         "response.created after the utterance")
+            response_id = created.event["response"]["id"]
+            first_index, first = await conn.wait_for(
+                lambda e: of_type("response.output_audio.delta", response_id)(e)
+                or of_type("response.done", response_id)(e), created_index, timeout, "reply audio")
+            if first.event["type"] == "response.output_audio.delta":
+                break
+            search_from = first_index + 1  # cancelled before speaking (a later VAD turn took over)
+        transcripts = [e for e in conn.events[mark:created_index]
+                       if e.event["type"] == "conversation.item.input_audio_transcription.completed"]
+        result.transcript = " ".join(e.event["transcript"].strip() for e in transcripts).strip()
+        result.response_id = response_id
+        result.eos_to_transcript_ms = ms_between(speech_end, transcripts[-1].at if transcripts else None)
+        result.eos_to_first_audio_ms = ms_between(speech_end, first.at)
+        score_transcript(result)
+        reply = PendingReply(result, response_id, created_index, first.at, speech_end)
+        if leave_playing:
+            self._pending_reply = reply  # the next turn talks over it
+        else:
+            await self._wait_done(reply)
+
+    async def _wait_done(self, reply: "PendingReply", heard_out: bool = True) -> None:
+        result, timeout = reply.result, self.options.turn_timeout_s
+        _, done = await self.conn.wait_for(of_type("response.done", reply.response_id), reply.created_index,
+                                           timeout, "response.done")
+        result.status = done.event["response"]["status"]
+        result.eos_to_done_ms = ms_between(reply.speech_end, done.at)
+        if heard_out:
+            self._heard_reply_at = playback_end(self.conn.events[reply.created_index:], reply.response_id,
+                                                self.options.speed)
+        try:
+            _, metrics = await self.conn.wait_for(of_type("x_turn.metrics", reply.response_id), reply.created_index,
+                                                  5, "x_turn.metrics")
+            result.server_metrics = {k: v for k, v in metrics.event.items() if k not in ("type", "event_id")}
+        except TimeoutError:
+            pass
+
+    async def _finish_pending_reply(self) -> None:
+        """A reply left running for a barge-in that never came (end of the run): wait it out."""
+        reply, self._pending_reply = self._pending_reply, None
+        if reply is not None:
+            await self._wait_done(reply)
+
+
+@dataclass
+class PendingReply:
+    """A reply whose `response.done` is still to come (left playing for a barge-in)."""
+
+    result: TurnResult
+    response_id: str
+    created_index: int
+    first_audio_at: float
+    speech_end: float

@@ -1,0 +1,48 @@
+"""A realtime client's view of the server's events: each kept in arrival order, and a wait for
+the first one that matches. The load generator's connections and the tests' clients use it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class EventFeed(Generic[T]):
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self.ended: Exception | None = None  # why no more will come (the connection closed)
+        self._arrived = asyncio.Event()
+
+    def append(self, item: T) -> None:
+        self.items.append(item)
+        self._arrived.set()
+
+    def end(self, reason: Exception) -> None:
+        """No more items will come; a wait that runs out of them raises `reason`."""
+        self.ended = reason
+        self._arrived.set()
+
+    async def wait_for(self, predicate: Callable[[T], bool], start: int = 0, timeout_s: float = 60.0,
+                       what: str = "matching event") -> tuple[int, T]:
+        """The first item at index >= start matching `predicate`, as (index, item); waits for it
+        to arrive. TimeoutError after `timeout_s`; `ended` once the feed ended without one."""
+        deadline = time.monotonic() + timeout_s
+        index = start
+        while True:
+            while index < len(self.items):
+                if predicate(self.items[index]):
+                    return index, self.items[index]
+                index += 1
+            if self.ended is not None:
+                raise self.ended
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {what} within {timeout_s:.0f} s")
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,222 @@
+"""The wire protocol, in one place: client events we accept (pydantic models) and builders for
+the server events we send. Names and shapes follow the OpenAI Realtime API (GA); our own
+additions are named `x_...`. docs/protocol.md documents every event."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Annotated, Any, Callable, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+CLOSE_TRY_AGAIN_LATER = 1013  # the websocket close code for "at capacity, retry later"
+
+
+class ProtocolError(Exception):
+    """A client event we cannot act on; becomes an `error` event, and the session goes on."""
+
+    def __init__(self, code: str, message: str, param: str | None = None, event_id: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param, self.event_id = code, message, param, event_id
+
+
+class _Event(BaseModel):
+    # Unknown fields are ignored (clients send more than we use); known ones are type-checked.
+    model_config = ConfigDict(extra="ignore")
+    event_id: str | None = None
+
+
+# ---- session configuration --------------------------------------------------------------
+
+
+class AudioFormat(BaseModel):
+    type: Literal["audio/pcm"] = "audio/pcm"
+    rate: Literal[24000] = 24000
+
+
+class ServerVad(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float | None = Field(None, gt=0.0, lt=1.0)
+    prefix_padding_ms: int | None = Field(None, ge=0, le=5000)
+    silence_duration_ms: int | None = Field(None, ge=32, le=10000)
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+class AudioInputConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: AudioFormat | None = None
+    # explicit null switches turn detection off (the client commits by hand); absent: unchanged
+    turn_detection: ServerVad | None = None
+
+
+class AudioOutputConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: AudioFormat | None = None
+    voice: str | None = None
+    speed: float | None = Field(None, ge=0.25, le=4.0)
+
+
+class AudioConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input: AudioInputConfig | None = None
+    output: AudioOutputConfig | None = None
+
+
+class SessionConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["realtime"] = "realtime"
+    instructions: str | None = Field(None, max_length=20000)
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioConfig | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+
+
+# ---- client events ----------------------------------------------------------------------
+
+
+class SessionUpdate(_Event):
+    type: Literal["session.update"]
+    session: SessionConfig
+
+
+class InputAudioBufferAppend(_Event):
+    type: Literal["input_audio_buffer.append"]
+    audio: str
+
+
+class InputAudioBufferCommit(_Event):
+    type: Literal["input_audio_buffer.commit"]
+
+
+class InputAudioBufferClear(_Event):
+    type: Literal["input_audio_buffer.clear"]
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["input_text", "output_text", "text"]
+    text: str = Field(max_length=100000)
+
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = Field(None, max_length=64)
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system"]
+    content: list[ContentPart] = Field(min_length=1)
+
+
+class ConversationItemCreate(_Event):
+    type: Literal["conversation.item.create"]
+    previous_item_id: str | None = None
+    item: MessageItem
+
+
+class ResponseOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    instructions: str | None = Field(None, max_length=20000)
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+
+
+class ResponseCreate(_Event):
+    type: Literal["response.create"]
+    response: ResponseOptions | None = None
+
+
+class ResponseCancel(_Event):
+    type: Literal["response.cancel"]
+    response_id: str | None = None
+
+
+class ConversationItemTruncate(_Event):
+    type: Literal["conversation.item.truncate"]
+    item_id: str
+    content_index: int = Field(0, ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
+class OutputAudioBufferClear(_Event):
+    type: Literal["output_audio_buffer.clear"]
+
+
+ClientEvent = Annotated[
+    Union[
+        SessionUpdate, InputAudioBufferAppend, InputAudioBufferCommit, InputAudioBufferClear,
+        ConversationItemCreate, ResponseCreate, ResponseCancel, ConversationItemTruncate,
+        OutputAudioBufferClear,
+    ],
+    Field(discriminator="type"),
+]
+_client_event = TypeAdapter(ClientEvent)
+CLIENT_EVENT_TYPES = sorted(
+    model.model_fields["type"].annotation.__args__[0]  # the Literal's one value
+    for model in ClientEvent.__origin__.__args__  # type: ignore[attr-defined]
+)
+
+
+def parse_client_event(raw: str | bytes, max_bytes: int,
+                       translate: Callable[[Any], Any] | None = None) -> BaseModel:
+    """Wire text -> a validated client event model, or ProtocolError naming what was wrong.
+    translate: applied to the parsed JSON first (a client dialect's fields -> ours)."""
+    if len(raw) > max_bytes:
+        raise ProtocolError("message_too_large",
+                            f"message of {len(raw)} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError("invalid_json", f"message is not valid JSON: {exc}") from exc
+    return validate_client_event(translate(data) if translate is not None else data)
+
+
+def validate_client_event(data: Any) -> BaseModel:
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_event", f"an event must be a JSON object, got {type(data).__name__}")
+    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    event_type = data.get("type")
+    if not isinstance(event_type, str):
+        raise ProtocolError("invalid_event", "event has no string 'type' field", "type", event_id)
+    if event_type not in CLIENT_EVENT_TYPES:
+        raise ProtocolError("unknown_event",
+                            f"unknown event type {event_type!r}; supported: {', '.join(CLIENT_EVENT_TYPES)}",
+                            "type", event_id)
+    try:
+        return _client_event.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][1:])  # drop the union tag
+        got = first.get("input")
+        shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) and len(repr(got)) <= 80 else ""
+        raise ProtocolError("invalid_value", f"{event_type}: {where}: {first['msg']}{shown}", where, event_id) from exc
+
+
+# ---- server events ----------------------------------------------------------------------
+
+_event_counter = itertools.count(1)
+
+
+def server_event(event_type: str, **fields: Any) -> dict[str, Any]:
+    return {"type": event_type, "event_id": f"event_{next(_event_counter)}", **fields}
+
+
+def error_event(error: ProtocolError) -> dict[str, Any]:
+    return server_event("error", error={
+        "type": "invalid_request_error", "code": error.code, "message": error.message,
+        "param": error.param, "event_id": error.event_id,
+    })
+
+
+def message_item(item_id: str, role: str, text: str, status: str = "completed",
+                 audio: bool = False) -> dict[str, Any]:
+    """A conversation item as the wire shows it."""
+    if role == "user":
+        part = {"type": "input_audio", "transcript": text} if audio else {"type": "input_text", "text": text}
+    elif role == "assistant":
+        part = {"type": "output_audio", "transcript": text} if audio else {"type": "output_text", "text": text}
+    else:
+        part = {"type": "input_text", "text": text}
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": role,
+            "status": status, "content": [part]}

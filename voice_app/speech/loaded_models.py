@@ -1,0 +1,68 @@
+"""The models a voice server holds once and shares across sessions: core's model slots
+(voice_app/core/models.py) filled with the real engine, Whisper, Piper and Silero."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from voice_app.core.models import Engine
+from voice_app.settings import Settings
+from voice_app.speech.asr import Transcriber
+from voice_app.speech.tts import Synthesizer
+from voice_app.speech.vad import SileroVad
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModels:
+    engine: Engine  # dllm_engine.engine.Engine
+    transcriber: Transcriber
+    synthesizer: Synthesizer
+    vad: SileroVad
+
+    @classmethod
+    def load(cls, settings: Settings, engine: Engine | None = None) -> "LoadedModels":
+        """Loads every model named in the settings (an already-loaded engine may be passed in)."""
+        started = time.monotonic()
+        if engine is None:
+            from dllm_engine.engine import Engine as DiffusionEngine
+
+            engine = DiffusionEngine.load(settings.engine_model, device=settings.engine_device)
+        transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type,
+                                  settings.whisper_cpu_threads, settings.asr_workers)
+        synthesizer = Synthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers)
+        models = cls(engine, transcriber, synthesizer, SileroVad())
+        models.warm_up(settings)
+        log.info("models loaded and warmed up in %.1f s: %s", time.monotonic() - started, models.describe())
+        return models
+
+    def warm_up(self, settings: Settings) -> None:
+        """One tiny run of each model, so the first user's turn does not pay for lazy setup
+        (ONNX / CTranslate2 first-run allocation, engine kernels)."""
+        from dllm_engine.request import GenerationParams
+
+        self.transcriber.transcribe_blocking(np.zeros(16000, dtype=np.float32))
+        self.synthesizer.synthesize_blocking("Hello.")
+        self.vad.stream().process(np.zeros(1024, dtype=np.float32))
+        params = GenerationParams(max_new_tokens=2, mode=settings.engine_mode)
+        self.engine.submit([{"role": "user", "content": "Hi."}], params).result()
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "engine": str(getattr(self.engine, "model_name", type(self.engine).__name__)),
+            "asr": self.transcriber.model_name,
+            "tts": self.synthesizer.voice_path,
+            "vad": self.vad.path,
+        }
+
+    def close(self) -> None:
+        self.transcriber.close()
+        self.synthesizer.close()
+        close_engine = getattr(self.engine, "close", None)
+        if close_engine is not None:
+            close_engine()

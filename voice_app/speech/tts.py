@@ -1,0 +1,78 @@
+"""Streaming speech synthesis: Piper, one sentence at a time, resampled to the wire's 24 kHz.
+
+Synthesis runs on a few worker threads that take the most urgent sentence of all sessions first
+(`PriorityPool`, keyed by when the listener will need the audio). `live_jobs` counts sentences
+being synthesised, so tests and /healthz can see that nothing is left running after a session ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import numpy as np
+
+from voice_app.audio.pcm import WIRE_RATE, float_to_int16, resample
+from voice_app.speech.weights import verify_if_packaged
+from voice_app.speech.workers import PriorityPool
+
+log = logging.getLogger(__name__)
+
+
+class Synthesizer:
+    def __init__(self, voice_path: str, config_path: str | None = None, workers: int = 1):
+        from piper import PiperVoice
+
+        verify_if_packaged(voice_path)
+        self.voice_path = voice_path
+        self._voice = PiperVoice.load(voice_path, config_path=config_path)
+        self.voice_rate = self._voice.config.sample_rate
+        self._pool = PriorityPool(workers, "tts")
+        self._lock = threading.Lock()
+        self._live_jobs = 0
+
+    @property
+    def live_jobs(self) -> int:
+        with self._lock:
+            return self._live_jobs
+
+    def synthesize_blocking(self, sentence: str, speed: float = 1.0) -> np.ndarray:
+        """One sentence -> PCM16 samples at 24 kHz (empty when nothing speakable).
+        `speed` > 1 speaks faster (Piper's phoneme length scale is its inverse)."""
+        from piper.config import SynthesisConfig
+
+        config = SynthesisConfig(length_scale=None if speed == 1.0 else 1.0 / speed)
+        chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(sentence, config)]
+        if not chunks:
+            return np.zeros(0, dtype=np.int16)
+        audio = np.concatenate(chunks)
+        return float_to_int16(resample(audio, self.voice_rate, WIRE_RATE))
+
+    async def synthesize(self, sentence: str, speed: float = 1.0, needed_at: float | None = None) -> np.ndarray:
+        """needed_at: when the listener will need this audio (time.monotonic(); default now):
+        the most urgent sentence of all sessions is synthesised first."""
+        with self._lock:
+            self._live_jobs += 1
+        queued_at = time.monotonic()
+
+        def job() -> np.ndarray:
+            log.debug("tts queue wait %.0f ms", (time.monotonic() - queued_at) * 1000)
+            return self.synthesize_blocking(sentence, speed)
+        pending = self._pool.submit(needed_at if needed_at is not None else queued_at, job)
+        future = asyncio.wrap_future(pending)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # not started: dropped; started: a cancelled caller must not leave the job counted,
+            # so wait for the sentence in flight to finish (~0.1 s)
+            if not pending.cancel():
+                await asyncio.wait([future])
+            raise
+        finally:
+            with self._lock:
+                self._live_jobs -= 1
+
+    def close(self) -> None:
+        self._pool.shutdown()
