@@ -58,7 +58,11 @@ class Settings(BaseSettings):
     # prompts like "Answer briefly." but not after them (measured on a dozen prompts)
     keep_spoken_style: bool = True
 
-    # turn taking (server_vad semantics; session.update may change them per session)
+    # turn taking (session.update may change them per session): semantic_vad asks the LLM
+    # whether the words sound finished; server_vad waits out silence_duration_ms
+    turn_detection: Literal["semantic_vad", "server_vad"] = "semantic_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    end_of_turn_threshold: float = Field(0.15, gt=0.0, lt=1.0)  # p(end of turn) above which words sound finished
     vad_threshold: float = Field(0.5, gt=0.0, lt=1.0)
     prefix_padding_ms: int = Field(300, ge=0, le=5000)
     silence_duration_ms: int = Field(500, ge=32, le=10000)

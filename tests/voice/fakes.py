@@ -192,6 +192,7 @@ class ScriptedEngine:
         self.release = asyncio.Event()
         self.submitted: EventFeed[list[dict[str, str]]] = EventFeed()  # the prompts, in order
         self.handles: list[ScriptedHandle] = []
+        self.judged: list[str] = []  # texts asked whether they sound finished
         self.live_requests = 0
         self._tasks: set[asyncio.Task] = set()
 
@@ -208,6 +209,16 @@ class ScriptedEngine:
         task = asyncio.get_running_loop().create_task(self._run(handle, words))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return handle
+
+    def end_of_turn_probability(self, messages: list[dict[str, str]], background: bool = True) -> RequestHandle:
+        """As SmolLM2 judges: words ending in . ? ! sound finished, others not."""
+        handle = ScriptedHandle(len(self.handles) + 1, background)
+        self.judged.append(messages[-1]["content"])
+        finished = messages[-1]["content"].rstrip().endswith((".", "?", "!"))
+        update = DraftUpdate(request_id=handle.request_id, committed_text="", draft_text="", token_ids=[], step=1,
+                             final=True, finish_reason="length", token_probs=[0.8 if finished else 0.01])
+        asyncio.get_running_loop().call_soon(handle.publish, update)
         return handle
 
     async def wait_idle(self) -> None:

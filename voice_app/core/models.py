@@ -25,6 +25,9 @@ class Engine(Protocol):
     def submit(self, messages: list[dict[str, str]], params: Any) -> Any:
         """-> a RequestHandle: async-iterable DraftUpdates, cancel(), promote()."""
 
+    def end_of_turn_probability(self, messages: list[dict[str, str]], background: bool = True) -> Any:
+        """-> a RequestHandle whose final update's token_probs[0] is p(the last message is finished)."""
+
 
 class Transcriber(Protocol):
     model_name: str

@@ -12,11 +12,22 @@ from voice_app.settings import Settings
 MAX_OUTPUT_TOKENS = 4096  # the most a client may ask for a reply
 
 
+# semantic_vad: how long a turn whose words sound unfinished may pause before it ends anyway
+EAGERNESS_MAX_SILENCE_MS = {"high": 800, "medium": 1600, "auto": 1600, "low": 3000}
+COMPLETE_SILENCE_MS = 200  # ...and how long one whose words sound finished waits
+
+
 @dataclass
 class TurnDetection:
-    """server_vad: when speech starts and ends, and what a turn does to responses."""
+    """When speech starts and ends, and what a turn does to responses.
+
+    server_vad ends a turn after `silence_duration_ms` of silence. semantic_vad (the default)
+    asks the LLM whether the words so far sound finished (core/end_of_turn.py): then
+    COMPLETE_SILENCE_MS ends the turn, otherwise the eagerness's longer limit."""
 
     enabled: bool = True  # False: the client commits turns itself (turn_detection: null)
+    type: str = "semantic_vad"  # or "server_vad"
+    eagerness: str = "auto"
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -24,21 +35,32 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
 
-    def update(self, vad: p.ServerVad | None) -> None:
+    @property
+    def semantic(self) -> bool:
+        return self.type == "semantic_vad"
+
+    def max_silence_ms(self) -> int:
+        """The silence that ends a turn whatever its words (server_vad: the only rule)."""
+        return EAGERNESS_MAX_SILENCE_MS[self.eagerness] if self.semantic else self.silence_duration_ms
+
+    def update(self, vad: p.ServerVad | p.SemanticVad | None) -> None:
         self.enabled = vad is not None
         if vad is None:
             return  # the other values are kept for when it is turned on again
-        for name in ("threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
+        self.type = vad.type
+        for name in ("threshold", "prefix_padding_ms", "silence_duration_ms", "eagerness", "create_response",
                      "interrupt_response"):
-            if getattr(vad, name) is not None:
+            if getattr(vad, name, None) is not None:
                 setattr(self, name, getattr(vad, name))
 
     def shape(self) -> dict[str, Any] | None:
         if not self.enabled:
             return None
+        common = {"create_response": self.create_response, "interrupt_response": self.interrupt_response}
+        if self.semantic:
+            return {"type": "semantic_vad", "eagerness": self.eagerness, **common}
         return {"type": "server_vad", "threshold": self.threshold, "prefix_padding_ms": self.prefix_padding_ms,
-                "silence_duration_ms": self.silence_duration_ms, "create_response": self.create_response,
-                "interrupt_response": self.interrupt_response}
+                "silence_duration_ms": self.silence_duration_ms, **common}
 
 
 @dataclass
@@ -56,7 +78,8 @@ class SessionOptions:
     def from_settings(cls, settings: Settings) -> "SessionOptions":
         return cls(instructions=settings.instructions, max_output_tokens=settings.max_new_tokens,
                    unlimited_output_tokens=settings.max_new_tokens,
-                   turn_detection=TurnDetection(threshold=settings.vad_threshold,
+                   turn_detection=TurnDetection(type=settings.turn_detection, eagerness=settings.eagerness,
+                                                threshold=settings.vad_threshold,
                                                 prefix_padding_ms=settings.prefix_padding_ms,
                                                 silence_duration_ms=settings.silence_duration_ms,
                                                 pause_ms=settings.draft_pause_ms))

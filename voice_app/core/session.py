@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from voice_app.audio.pcm import WIRE_RATE, AudioFormatError, decode_base64_pcm16
 from voice_app.core.audio_sink import OpenSink, Send, WireAudioSink
 from voice_app.core.conversation import ContextTooLong, Conversation, ConversationItem, fit_to_context, new_id
+from voice_app.core.end_of_turn import EndOfTurnJudge
 from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.models import Models
 from voice_app.core.options import SessionOptions
@@ -60,8 +61,9 @@ class Session:
         self._playing: Response | None = None  # finished sending, maybe still playing at the client
         self._responses: set[Response] = set()  # every response not yet stopped, for close()
         self._tasks: set[asyncio.Task] = set()
+        judge = EndOfTurnJudge(models.engine, self._conversation_with, settings.end_of_turn_threshold)
         self.listener = Listener(self.id, models, self.options.turn_detection, settings.partial_interval_ms,
-                                 self.conversation, self._send, self._spawn, hooks=self)
+                                 self.conversation, self._send, self._spawn, hooks=self, judge=judge)
         self._handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             "session.update": self._on_session_update,
             "input_audio_buffer.append": self._on_input_audio_buffer_append,
@@ -257,13 +259,18 @@ class Session:
             return instructions
         return f"{base} {instructions}"
 
+    def _conversation_with(self, pending_user_text: str) -> list[dict[str, str]]:
+        """The messages the engine would answer if the user's turn ended with this text."""
+        return self.conversation.messages(self._system_prompt(self.options.instructions),
+                                          pending_user_text=pending_user_text)
+
     def _speculate(self, text: str) -> None:
         """Drafts a reply to what the user has said so far; a newer transcript redrafts."""
         if not text.strip() or (self._speculation is not None and self._speculation.source_text == text):
             return
         self._drop_speculation()
         log.debug("session %s: speculative draft for %r", self.id, text)
-        messages = self.conversation.messages(self._system_prompt(self.options.instructions), pending_user_text=text)
+        messages = self._conversation_with(text)
         try:
             self._speculation = self._start_response(messages, self.options.audio_out, self.options.max_output_tokens,
                                                      None, text, background=True)

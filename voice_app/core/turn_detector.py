@@ -1,4 +1,4 @@
-"""server_vad semantics: per-window speech probabilities -> speech start / pause / stop."""
+"""Per-window speech probabilities -> speech start / pause / stop (server_vad and semantic_vad)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 from voice_app.audio.pcm import ASR_RATE
 from voice_app.core.models import VAD_WINDOW
-from voice_app.core.options import TurnDetection
+from voice_app.core.options import COMPLETE_SILENCE_MS, TurnDetection
 
 WINDOW_MS = VAD_WINDOW * 1000 // ASR_RATE
 
@@ -19,9 +19,11 @@ class TurnEvent:
 
 
 class TurnDetector:
-    """Speech starts when a window's probability reaches the threshold and ends after
-    `silence_duration_ms` below (threshold - 0.15) (hysteresis against flicker). The rules are
-    read live, so a session.update applies from the next window on."""
+    """Speech starts when a window's probability reaches the threshold and ends after enough
+    windows below (threshold - 0.15) (hysteresis against flicker): server_vad's
+    `silence_duration_ms`; for semantic_vad, COMPLETE_SILENCE_MS once the words so far were
+    judged finished (`words_sound_finished`), else the eagerness's limit. The rules are read
+    live, so a session.update applies from the next window on."""
 
     def __init__(self, rules: TurnDetection):
         self.rules = rules
@@ -31,6 +33,19 @@ class TurnDetector:
         self.last_speech_sample = 0
         self._silent_windows = 0
         self._pause_sent = False
+        self.finished_words = False  # semantic_vad: the words up to last_speech_sample sound finished
+
+    def silence_ms(self) -> int:
+        """How long the current turn has been silent (0 while speaking or outside a turn)."""
+        return self._silent_windows * WINDOW_MS if self.in_speech else 0
+
+    def words_sound_finished(self) -> TurnEvent | None:
+        """The judge says the words up to last_speech_sample are a whole turn: it ends after the
+        short silence, and at once (the returned stop) when that has passed already."""
+        if not self.in_speech:
+            return None
+        self.finished_words = True
+        return self.force_stop() if self.silence_ms() >= COMPLETE_SILENCE_MS else None
 
     def speech_ms(self) -> int:
         """How long the current turn's speech has lasted (0 when not in speech)."""
@@ -48,16 +63,19 @@ class TurnDetector:
                 self.last_speech_sample = start + VAD_WINDOW
                 self._silent_windows = 0
                 self._pause_sent = False
+                self.finished_words = False
                 return [TurnEvent("speech_started", start)]
             return []
         if prob >= max(self.rules.threshold - 0.15, 0.01):
             self.last_speech_sample = start + VAD_WINDOW
             self._silent_windows = 0
             self._pause_sent = False
+            self.finished_words = False  # more words: the verdict was about fewer
             return []
         self._silent_windows += 1
         silence_ms = self._silent_windows * WINDOW_MS
-        if silence_ms >= self.rules.silence_duration_ms:
+        needed = COMPLETE_SILENCE_MS if self.rules.semantic and self.finished_words else self.rules.max_silence_ms()
+        if silence_ms >= needed:
             self.in_speech = False
             return [TurnEvent("speech_stopped", self.last_speech_sample)]
         if silence_ms >= self.rules.pause_ms and not self._pause_sent:

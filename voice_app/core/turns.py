@@ -20,6 +20,7 @@ import numpy as np
 from voice_app.audio.buffer import InputBuffer
 from voice_app.audio.pcm import ASR_RATE, StreamResampler, int16_to_float
 from voice_app.core.conversation import Conversation, ConversationItem, new_id
+from voice_app.core.end_of_turn import EndOfTurnJudge
 from voice_app.core.models import Models
 from voice_app.core.options import TurnDetection
 from voice_app.core.turn_detector import TurnDetector, TurnEvent
@@ -86,7 +87,8 @@ class TurnHooks(Protocol):
 
 class Listener:
     def __init__(self, session_id: str, models: Models, rules: TurnDetection, partial_interval_ms: int,
-                 conversation: Conversation, send: Send, spawn: Spawn, hooks: TurnHooks):
+                 conversation: Conversation, send: Send, spawn: Spawn, hooks: TurnHooks,
+                 judge: EndOfTurnJudge | None = None):
         self._session_id = session_id
         self._transcriber = models.transcriber
         self._rules = rules
@@ -95,6 +97,7 @@ class Listener:
         self._send = send
         self._spawn = spawn
         self._hooks = hooks
+        self._judge = judge  # semantic_vad's: do the words so far sound finished?
         self._resamplers: dict[int, StreamResampler] = {}
         self._vad = models.vad.stream()
         self._detector = TurnDetector(rules)
@@ -154,11 +157,13 @@ class Listener:
         if turn_event.kind == "speech_started":
             start = max(self._buffer.start, turn_event.sample - self._prefix_samples())
             self.turn = UserTurn(new_id("item"), start, time.monotonic())
+            if self._judge is not None:
+                self._judge.forget()
             await self._send(p.server_event("input_audio_buffer.speech_started", item_id=self.turn.item_id,
                                             audio_start_ms=start * 1000 // ASR_RATE))
             self._spawn(self._partials(self.turn), "partials")
         elif turn_event.kind == "pause" and self.turn is not None:
-            self._spawn(self._draft_at_pause(self.turn), "pause-draft")
+            self._spawn(self._at_pause(self.turn), "pause")
         elif turn_event.kind == "speech_stopped" and self.turn is not None:
             turn, self.turn = self.turn, None
             clock = TurnClock(speech_stopped_at=time.monotonic())
@@ -200,10 +205,25 @@ class Listener:
             if partial.stable and not partial.unstable:
                 self._hooks.on_interim_transcript(partial.stable)
 
-    async def _draft_at_pause(self, turn: UserTurn) -> None:
-        text = await self._transcribe(turn, self._buffer.end)
-        if turn is self.turn:
-            self._hooks.on_interim_transcript(text)
+    async def _at_pause(self, turn: UserTurn) -> None:
+        """A short silence: draft a reply to the words so far and, for semantic_vad, ask whether
+        they sound finished; if so (and nothing was said since) the turn ends after
+        COMPLETE_SILENCE_MS instead of the eagerness's limit."""
+        speech_end = self._detector.last_speech_sample
+        covering = turn.transcription_covering(speech_end + REUSE_MARGIN_SAMPLES)
+        try:
+            text = await asyncio.shield(covering) if covering is not None else await self._transcribe(turn, self._buffer.end)
+        except Exception:
+            text = await self._transcribe(turn, self._buffer.end)
+        if turn is not self.turn:
+            return
+        self._hooks.on_interim_transcript(text)
+        if self._judge is None or not self._rules.semantic or not await self._judge.sounds_finished(text):
+            return
+        if turn is self.turn and self._detector.last_speech_sample == speech_end:  # no new words since
+            stop = self._detector.words_sound_finished()
+            if stop is not None:
+                await self._on_turn_event(stop)
 
     async def _final_transcript(self, turn: UserTurn, end: int) -> str:
         covering = turn.transcription_covering(end + REUSE_MARGIN_SAMPLES)

@@ -45,11 +45,25 @@ class ServerVad(BaseModel):
     interrupt_response: bool | None = None
 
 
+class SemanticVad(BaseModel):
+    """The turn ends when the words sound finished (the LLM judges them) and a short silence
+    follows; `eagerness` sets how long an unfinished-sounding turn may pause."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["semantic_vad"] = "semantic_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+TurnDetectionConfig = Annotated[Union[ServerVad, SemanticVad], Field(discriminator="type")]
+
+
 class AudioInputConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: AudioFormat | None = None
     # explicit null switches turn detection off (the client commits by hand); absent: unchanged
-    turn_detection: ServerVad | None = None
+    turn_detection: TurnDetectionConfig | None = None
 
 
 class AudioOutputConfig(BaseModel):

@@ -26,8 +26,10 @@ END_OF_TURN = silence(0.8)  # longer than the 500 ms of silence that ends a turn
 
 def make_session(models: ScriptedModels | None = None, player: ScriptedPlayer | None = None,
                  log: EventLog | None = None, **settings) -> tuple[Session, EventLog, ScriptedModels]:
+    """server_vad unless a test asks otherwise: most tests here are about what follows a turn"""
     models = models or ScriptedModels()
     log = log or EventLog()
+    settings.setdefault("turn_detection", "server_vad")
     session = Session(models, Settings(partial_interval_ms=50, **settings), log.send,
                       open_sink=player.open_sink if player is not None else None)
     return session, log, models

@@ -70,14 +70,30 @@ def _run_detector(probs, **rules):
 def test_turn_detector_server_vad_semantics():
     silence_windows = 500 // 32 + 1
     probs = [0.1] * 5 + [0.9] * 20 + [0.1] * silence_windows
-    events, detector = _run_detector(probs, threshold=0.5, silence_duration_ms=500, pause_ms=160)
+    events, detector = _run_detector(probs, type="server_vad", threshold=0.5, silence_duration_ms=500, pause_ms=160)
     assert events == [("speech_started", 5), ("pause", 25), ("speech_stopped", 25)]
     assert not detector.in_speech
     # a dip shorter than the silence duration does not end the turn; hysteresis keeps 0.4 as speech
     probs = [0.9] * 5 + [0.1] * 6 + [0.4] * 3 + [0.9] * 5 + [0.1] * 3
-    events, detector = _run_detector(probs, threshold=0.5, silence_duration_ms=500, pause_ms=160)
+    events, detector = _run_detector(probs, type="server_vad", threshold=0.5, silence_duration_ms=500, pause_ms=160)
     assert [kind for kind, _ in events] == ["speech_started", "pause"]
     assert detector.in_speech and detector.speech_ms() > 500
+
+
+def test_turn_detector_semantic_vad_ends_a_finished_turn_early_and_an_unfinished_one_late():
+    probs = [0.9] * 10 + [0.1] * 10  # 320 ms of silence: past the short wait, far from the long one
+    events, detector = _run_detector(probs, type="semantic_vad", eagerness="auto")
+    assert [kind for kind, _ in events] == ["speech_started", "pause"] and detector.in_speech
+    stop = detector.words_sound_finished()  # the verdict arrives after 200 ms of silence: ends now
+    assert stop is not None and stop.kind == "speech_stopped" and stop.sample == 10 * VAD_WINDOW
+    # a verdict given early waits for the short silence; new words cancel it
+    detector = TurnDetector(TurnDetection(type="semantic_vad", eagerness="auto"))
+    for p in [0.9] * 10 + [0.1] * 2:
+        detector.feed(p)
+    assert detector.words_sound_finished() is None and detector.finished_words
+    assert [e.kind for p in [0.9] * 3 for e in detector.feed(p)] == [] and not detector.finished_words
+    kinds = [e.kind for _ in range(40) for e in detector.feed(0.1)]  # 1.3 s of silence
+    assert kinds == ["pause"] and detector.in_speech  # an unfinished turn goes on
 
 
 def test_heard_text_of_a_truncated_item():

@@ -1,0 +1,77 @@
+"""semantic_vad: a turn whose words sound finished ends after a short silence; one that sounds
+unfinished may pause longer and stays one turn; server_vad keeps its fixed silence window."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from voice_app.core.options import COMPLETE_SILENCE_MS, EAGERNESS_MAX_SILENCE_MS
+
+from ..clients import silence, stream_audio
+from ..fakes import WORD_S, ScriptedModels
+from .test_session import is_done, make_session
+
+QUESTION = "What is the capital of Spain?"
+
+
+async def speak(session, audio: np.ndarray) -> None:
+    await stream_audio(session.push_pcm16, audio, realtime=False)
+
+
+async def test_a_finished_question_ends_the_turn_after_a_short_silence():
+    session, log, models = make_session(turn_detection="semantic_vad")
+    await session.start()
+    await speak(session, np.concatenate([models.speech.say(QUESTION), silence(0.3)]))  # server_vad needs 0.5 s
+    stopped = await log.wait_for(lambda e: e["type"] == "input_audio_buffer.speech_stopped")
+    assert models.engine.judged == [QUESTION]
+    await log.wait_for(is_done())
+    assert [(i.role, i.text) for i in session.conversation.items][0] == ("user", QUESTION)
+    assert stopped["audio_end_ms"] > 0
+    assert log.of_type("session.created")[0]["session"]["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad", "eagerness": "auto", "create_response": True, "interrupt_response": True}
+    await session.close()
+
+
+async def test_a_thinking_pause_mid_sentence_stays_one_turn():
+    session, log, models = make_session(turn_detection="semantic_vad")
+    words = models.speech.say(QUESTION)
+    head = int(5 * WORD_S * 24000)  # "What is the capital of" ... 0.8 s ... "Spain?"
+    await speak(session, np.concatenate([words[:head], silence(0.8), words[head:], silence(0.4)]))
+    await log.wait_for(is_done())
+    assert models.engine.judged[0] == "What is the capital of"  # judged unfinished at the pause
+    users = [i.text for i in session.conversation.items if i.role == "user"]
+    assert users == [QUESTION] and len(log.of_type("input_audio_buffer.speech_stopped")) == 1
+    await session.close()
+
+
+async def test_an_unfinished_turn_still_ends_at_the_eagerness_limit():
+    session, log, models = make_session(turn_detection="semantic_vad", eagerness="high")
+    words = models.speech.say(QUESTION)
+    head = int(5 * WORD_S * 24000)
+    await speak(session, np.concatenate([words[:head], silence(EAGERNESS_MAX_SILENCE_MS["high"] / 1000 + 0.1)]))
+    await log.wait_for(lambda e: e["type"] == "input_audio_buffer.speech_stopped")
+    assert [i.text for i in session.conversation.items if i.role == "user"] == ["What is the capital of"]
+    await session.close()
+
+
+async def test_server_vad_waits_out_its_silence_window_whatever_the_words():
+    session, log, models = make_session(turn_detection="server_vad")
+    await speak(session, np.concatenate([models.speech.say(QUESTION), silence(COMPLETE_SILENCE_MS / 1000 + 0.1)]))
+    await speak(session, silence(0.05))
+    assert not log.of_type("input_audio_buffer.speech_stopped") and models.engine.judged == []
+    await speak(session, silence(0.4))
+    await log.wait_for(lambda e: e["type"] == "input_audio_buffer.speech_stopped")
+    await session.close()
+
+
+async def test_a_client_switches_between_server_and_semantic_vad():
+    session, log, _ = make_session(turn_detection="server_vad")
+    await session.handle_text('{"type": "session.update", "session": {"type": "realtime", "audio": {"input": '
+                              '{"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}}}')
+    shape = log.of_type("session.updated")[-1]["session"]["audio"]["input"]["turn_detection"]
+    assert shape["type"] == "semantic_vad" and shape["eagerness"] == "low"
+    assert session.options.turn_detection.max_silence_ms() == EAGERNESS_MAX_SILENCE_MS["low"]
+    await session.handle_text('{"type": "session.update", "session": {"type": "realtime", "audio": {"input": '
+                              '{"turn_detection": {"type": "semantic_vad", "eagerness": "sometimes"}}}}}')
+    assert "eagerness" in log.of_type("error")[-1]["error"]["message"]
+    await session.close()
