@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,6 +55,15 @@ class ConversationItem:
         return " ".join(h for h in heard if h).strip()
 
 
+_SENTENCE_END = re.compile(r"[.!?…](?=\s|$)")
+
+
+def whole_sentences(text: str) -> str:
+    """The text up to its last sentence end ("" when it has none)."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    return text[: ends[-1]].strip() if ends else ""
+
+
 class TokenCounter(Protocol):
     max_context_tokens: int
 
@@ -78,10 +88,14 @@ class Conversation:
         return next((item for item in self.items if item.id == item_id), None)
 
     def messages(self, instructions: str, pending_user_text: str | None = None) -> list[dict[str, str]]:
+        """What the engine sees. A reply the user cut off keeps only its whole sentences: one that
+        ends mid-sentence invites the model to carry on with it instead of answering the words
+        that cut it off (SmolLM2 did, with or without a marker saying it was interrupted)."""
         messages = [{"role": "system", "content": instructions}] if instructions else []
         for item in self.items:
-            if item.text.strip():
-                messages.append({"role": item.role, "content": item.text})
+            text = whole_sentences(item.text) if item.role == "assistant" and item.status == "incomplete" else item.text
+            if text.strip():
+                messages.append({"role": item.role, "content": text})
         if pending_user_text:
             messages.append({"role": "user", "content": pending_user_text})
         return messages
