@@ -71,12 +71,22 @@ def summarize_level(sessions: int, results: list[SessionResult], wall_s: float) 
         "barge_ins": sum(1 for t in turns if t.barge_in_to_cleared_ms is not None),
         "barge_ins_missed": sum(1 for t in turns if t.barge_in_missed),
         "stale_audio_deltas": sum(t.stale_audio_deltas for t in turns),
+        # issue 16's cases: a pause inside a question, a backchannel over a reply, the answer's topic
+        "one_turn": _share([t.one_turn for t in turns]),
+        "backchannel_kept": _share([t.backchannel_kept for t in turns]),
+        "on_topic": _share([t.on_topic for t in turns]),
         "errors": errors,
         "refused": sum(1 for r in results if r.outcome == "refused"),
         "dropped": sum(1 for r in results if r.outcome == "dropped"),
         "session_outcomes": [{"session": r.index, "outcome": r.outcome, "detail": r.detail} for r in results],
         "turns": [asdict(t) for t in turns],
     }
+
+
+def _share(flags: list[bool | None]) -> dict[str, int]:
+    """How many of the turns that measured a yes/no said yes."""
+    measured = [flag for flag in flags if flag is not None]
+    return {"yes": sum(measured), "of": len(measured)}
 
 
 TABLE_COLUMNS = (("eos_to_transcript_ms", "eos->transcript"), ("eos_to_first_audio_ms", "eos->first audio"),
@@ -90,11 +100,15 @@ def format_table(levels: list[dict[str, Any]]) -> str:
             return "-"
         return f"{stats['p50']:.0f}/{stats['p95']:.0f}/{stats['p99']:.0f}"
 
+    def share(counts: dict[str, int]) -> str:
+        return f"{counts['yes']}/{counts['of']}" if counts["of"] else "-"
+
     header = ["sessions", "turns"] + [f"{label} p50/p95/p99" for _, label in TABLE_COLUMNS] + [
-        "WER", "errors", "refused", "dropped"]
+        "WER", "one turn", "backchannel kept", "on topic", "errors", "refused", "dropped"]
     rows = [[str(level["sessions"]), str(level["turns_completed"])]
             + [cell(level["latency_ms"][name]) for name, _ in TABLE_COLUMNS]
-            + [f"{level['wer']:.3f}", str(len(level["errors"])), str(level["refused"]), str(level["dropped"])]
+            + [f"{level['wer']:.3f}", share(level["one_turn"]), share(level["backchannel_kept"]),
+               share(level["on_topic"]), str(len(level["errors"])), str(level["refused"]), str(level["dropped"])]
             for level in levels]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [" | ".join(text.rjust(width) for text, width in zip(row, widths)) for row in [header, *rows]]

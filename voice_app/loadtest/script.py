@@ -11,6 +11,12 @@ A script is YAML or JSON:
       - say: Wait, stop, tell me about dogs.
         barge_in_after_ms: 500                     # talk over the previous reply, 500 ms after
                                                    #   its first audio arrived
+        expect: [dog]                              # the reply must hold one of these words
+      - say: Mm-hmm.
+        backchannel_after_ms: 1500                 # talk over the previous reply, which should
+                                                   #   carry on (a false interruption)
+      - say: What is the capital of ... Spain?     # "..." is a pause inside the utterance
+        gap_ms: 800                                #   this long: it should stay one turn
 
 Every utterance is turned into PCM16 mono 24 kHz samples once, before any session starts.
 """
@@ -35,13 +41,15 @@ log = logging.getLogger(__name__)
 DEFAULT_SCRIPT: dict[str, Any] = {
     "name": "default",
     "turns": [
-        {"say": "What is the capital of France?"},
+        {"say": "What is the capital of France?", "expect": ["paris"]},
         {"say": "Tell me a long story about a dragon and a knight.", "pause_ms": 800},
-        {"say": "Wait, stop, tell me about dogs instead.", "barge_in_after_ms": 600},
-        {"say": "What is two plus two?", "pause_ms": 800},
+        {"say": "Mm-hmm.", "backchannel_after_ms": 1500},
+        {"say": "Wait, stop. What is two plus two?", "barge_in_after_ms": 600, "expect": ["two", "four", "plus"]},
+        {"say": "What is the capital of ... Spain?", "gap_ms": 800, "pause_ms": 800, "expect": ["madrid", "spain"]},
     ],
 }
-TURN_FIELDS = {"say", "wav", "transcript", "pause_ms", "barge_in_after_ms"}
+TURN_FIELDS = {"say", "wav", "transcript", "pause_ms", "barge_in_after_ms", "backchannel_after_ms", "gap_ms", "expect"}
+GAP_MARK = "..."
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "voice-app" / "loadtest"
 
 
@@ -56,6 +64,14 @@ class ScriptTurn:
     transcript: str | None  # the words spoken, for the word error rate (None: not scored)
     pause_ms: int = 0
     barge_in_after_ms: int | None = None
+    backchannel_after_ms: int | None = None  # talks over the previous reply, which should go on
+    gap_ms: int | None = None  # silence where the `say` text has "...": still one turn
+    expect: tuple[str, ...] = ()  # the reply should hold one of these words
+
+    @property
+    def talks_over(self) -> int | None:
+        """ms after the previous reply's first audio this turn starts, if it talks over it."""
+        return self.barge_in_after_ms if self.barge_in_after_ms is not None else self.backchannel_after_ms
 
 
 @dataclass(frozen=True)
@@ -103,13 +119,24 @@ def _parse_turn(raw: Any, where: str, base_dir: Path, first: bool) -> ScriptTurn
         wav = (base_dir / str(raw["wav"])).resolve()
         if not wav.is_file():
             raise ScriptError(f"{where}: `wav` file {wav} does not exist")
-    barge_in = _milliseconds(raw, "barge_in_after_ms", where)
-    if barge_in is not None and first:
-        raise ScriptError(f"{where}: `barge_in_after_ms` needs a previous reply to talk over; not on the first turn")
-    if barge_in is not None and "pause_ms" in raw:
-        raise ScriptError(f"{where}: `pause_ms` and `barge_in_after_ms` exclude each other")
-    return ScriptTurn(say=raw.get("say"), wav=wav, transcript=raw.get("transcript", raw.get("say")),
-                      pause_ms=_milliseconds(raw, "pause_ms", where) or 0, barge_in_after_ms=barge_in)
+    talking_over = [name for name in ("barge_in_after_ms", "backchannel_after_ms") if name in raw]
+    if len(talking_over) > 1 or (talking_over and "pause_ms" in raw):
+        raise ScriptError(f"{where}: `pause_ms`, `barge_in_after_ms` and `backchannel_after_ms` exclude each other")
+    if talking_over and first:
+        raise ScriptError(f"{where}: `{talking_over[0]}` needs a previous reply to talk over; not on the first turn")
+    gap = _milliseconds(raw, "gap_ms", where)
+    if gap is not None and GAP_MARK not in str(raw.get("say", "")):
+        raise ScriptError(f"{where}: `gap_ms` needs a `say` text with \"{GAP_MARK}\" where the pause goes")
+    expect = raw.get("expect", [])
+    if not isinstance(expect, list) or not all(isinstance(word, str) and word.strip() for word in expect):
+        raise ScriptError(f"{where}: `expect` must be a list of words")
+    say = raw.get("say")
+    spoken = " ".join(say.replace(GAP_MARK, " ").split()) if say else None
+    return ScriptTurn(say=say, wav=wav, transcript=raw.get("transcript", spoken),
+                      pause_ms=_milliseconds(raw, "pause_ms", where) or 0,
+                      barge_in_after_ms=_milliseconds(raw, "barge_in_after_ms", where),
+                      backchannel_after_ms=_milliseconds(raw, "backchannel_after_ms", where), gap_ms=gap,
+                      expect=tuple(word.lower() for word in expect))
 
 
 def _milliseconds(raw: dict[str, Any], name: str, where: str) -> int | None:
@@ -127,20 +154,29 @@ def _milliseconds(raw: dict[str, Any], name: str, where: str) -> int | None:
 def utterance_audio(script: Script, piper_voice: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> list[np.ndarray]:
     """PCM16 mono 24 kHz samples of every turn, in order; text is synthesised once and cached."""
     synthesizer = None
-    audio = []
-    for turn in script.turns:
-        if turn.wav is not None:
-            audio.append(read_wav_24k(turn.wav))
-            continue
-        cached = cache_dir / f"{hashlib.sha1(f'{piper_voice}|{turn.say}'.encode()).hexdigest()[:16]}.wav"
+
+    def spoken(text: str) -> np.ndarray:
+        nonlocal synthesizer
+        cached = cache_dir / f"{hashlib.sha1(f'{piper_voice}|{text}'.encode()).hexdigest()[:16]}.wav"
         if not cached.is_file():
             if synthesizer is None:
                 from voice_app.speech.tts import Synthesizer
 
                 synthesizer = Synthesizer(piper_voice)
-            write_wav_24k(cached, synthesizer.synthesize_blocking(turn.say))
-            log.info("synthesised %r -> %s", turn.say, cached)
-        audio.append(read_wav_24k(cached))
+            write_wav_24k(cached, synthesizer.synthesize_blocking(text))
+            log.info("synthesised %r -> %s", text, cached)
+        return read_wav_24k(cached)
+
+    audio = []
+    for turn in script.turns:
+        if turn.wav is not None:
+            audio.append(read_wav_24k(turn.wav))
+        elif turn.gap_ms is not None:  # the parts spoken apart, silence between
+            gap = np.zeros(WIRE_RATE * turn.gap_ms // 1000, dtype=np.int16)
+            parts = [spoken(part.strip()) for part in turn.say.split(GAP_MARK)]
+            audio.append(np.concatenate([piece for part in parts for piece in (part, gap)][:-1]))
+        else:
+            audio.append(spoken(turn.say))
     if synthesizer is not None:
         synthesizer.close()
     return audio

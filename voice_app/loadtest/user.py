@@ -13,7 +13,7 @@ import numpy as np
 
 from voice_app.audio.pcm import WIRE_RATE
 from voice_app.loadtest.connection import RealtimeConnection, ReceivedEvent, SessionClosed, of_type
-from voice_app.loadtest.report import score_transcript
+from voice_app.loadtest.report import normalized_words, score_transcript
 from voice_app.loadtest.script import Script, ScriptTurn
 from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER
 
@@ -78,8 +78,12 @@ class TurnResult:
     barge_in_to_cleared_ms: float | None = None
     barge_in_missed: bool = False  # the reply talked over had already finished playing
     stale_audio_deltas: int = 0
+    backchannel_kept: bool | None = None  # a backchannel turn: the reply talked over carried on
+    one_turn: bool | None = None  # a turn with a pause inside: the server heard it as one turn
+    on_topic: bool | None = None  # a turn with `expect`: the reply holds one of the words
     server_metrics: dict[str, Any] | None = None
     error: str | None = None
+    expect: tuple[str, ...] = ()
 
 
 @dataclass
@@ -111,6 +115,13 @@ def playback_end(events: list[ReceivedEvent], response_id: str, speed: float) ->
             seconds = len(base64.b64decode(received.event["delta"])) / 2 / WIRE_RATE / speed
             end = max(end, received.at) + seconds
     return end
+
+
+def reply_transcript(done: dict[str, Any]) -> str:
+    """The spoken (or written) text of a response.done's reply."""
+    texts = [part.get("transcript") or part.get("text") or ""
+             for item in done["response"].get("output", []) for part in item.get("content", [])]
+    return " ".join(texts)
 
 
 def ms_between(start: float | None, end: float | None) -> float | None:
@@ -166,8 +177,8 @@ class SimulatedUser:
         number = 0
         while self._wants_turn(number, started):
             script_index = number % len(turns)  # the script cycles
-            # A barge-in comes next (if any turn does): leave this reply playing for it.
-            next_barges_in = turns[(number + 1) % len(turns)].barge_in_after_ms is not None
+            # A barge-in or backchannel comes next (if any turn does): leave this reply playing for it.
+            next_barges_in = turns[(number + 1) % len(turns)].talks_over is not None
             result = TurnResult(self.index, number, script_index, turns[script_index].transcript)
             self.result.turns.append(result)
             try:
@@ -181,8 +192,8 @@ class SimulatedUser:
     async def _play_turn(self, mic: Microphone, turn: ScriptTurn, samples: np.ndarray, result: TurnResult,
                          leave_playing: bool) -> None:
         talked_over, self._pending_reply = self._pending_reply, None
-        if turn.barge_in_after_ms is not None and talked_over is not None:
-            await asyncio.sleep(max(0.0, talked_over.first_audio_at + turn.barge_in_after_ms / 1000 / self.options.speed
+        if turn.talks_over is not None and talked_over is not None:
+            await asyncio.sleep(max(0.0, talked_over.first_audio_at + turn.talks_over / 1000 / self.options.speed
                                     - time.monotonic()))
         else:
             if talked_over is not None:
@@ -193,10 +204,35 @@ class SimulatedUser:
             await asyncio.sleep(heard_in_s + turn.pause_ms / 1000 / self.options.speed)
         mark = len(self.conn.events)
         speech_start, speech_end = await mic.say(samples)
+        if talked_over is not None and turn.backchannel_after_ms is not None:
+            await self._follow_backchannel(talked_over, mark, result, leave_playing)
+            return
         if talked_over is not None:
             await self._measure_barge_in(talked_over, mark, speech_start, result)
             await self._wait_done(talked_over, heard_out=False)
-        await self._follow_reply(mark, speech_end, result, leave_playing)
+        await self._follow_reply(mark, speech_end, result, leave_playing, turn)
+
+    async def _follow_backchannel(self, talked_over: "PendingReply", mark: int, result: TurnResult,
+                                  leave_playing: bool) -> None:
+        """A "mm-hmm" over a reply: the reply should carry on (more of its audio, or its done
+        as completed) rather than be cancelled; no new reply is expected."""
+        timeout = self.options.turn_timeout_s
+        index, heard = await self.conn.wait_for(of_type("conversation.item.input_audio_transcription.completed"),
+                                                mark, timeout, "the backchannel's transcript")
+        result.transcript = heard.event["transcript"]
+        score_transcript(result)
+        more_audio = of_type("response.output_audio.delta", talked_over.response_id)
+        done = of_type("response.done", talked_over.response_id)
+        try:
+            _, outcome = await self.conn.wait_for(lambda e: more_audio(e) or done(e), index, 5, "the reply going on")
+            result.backchannel_kept = outcome.event["type"] != "response.done" or \
+                outcome.event["response"]["status"] == "completed"
+        except TimeoutError:
+            result.backchannel_kept = False
+        if leave_playing and result.backchannel_kept:
+            self._pending_reply = talked_over
+        else:
+            await self._wait_done(talked_over)
 
     async def _measure_barge_in(self, talked_over: "PendingReply", mark: int, speech_start: float,
                                 result: TurnResult) -> None:
@@ -213,7 +249,8 @@ class SimulatedUser:
         stale = of_type("response.output_audio.delta", talked_over.response_id)
         result.stale_audio_deltas = sum(1 for later in self.conn.events[index + 1:] if stale(later.event))
 
-    async def _follow_reply(self, mark: int, speech_end: float, result: TurnResult, leave_playing: bool) -> None:
+    async def _follow_reply(self, mark: int, speech_end: float, result: TurnResult, leave_playing: bool,
+                            turn: ScriptTurn) -> None:
         conn, timeout = self.conn, self.options.turn_timeout_s
         search_from = mark
         for _ in range(MAX_SUPERSEDED_RESPONSES + 1):
@@ -229,7 +266,10 @@ class SimulatedUser:
         transcripts = [e for e in conn.events[mark:created_index]
                        if e.event["type"] == "conversation.item.input_audio_transcription.completed"]
         result.transcript = " ".join(e.event["transcript"].strip() for e in transcripts).strip()
+        if turn.gap_ms is not None:
+            result.one_turn = len([e for e in transcripts if e.event["transcript"].strip()]) == 1
         result.response_id = response_id
+        result.expect = turn.expect
         result.eos_to_transcript_ms = ms_between(speech_end, transcripts[-1].at if transcripts else None)
         result.eos_to_first_audio_ms = ms_between(speech_end, first.at)
         score_transcript(result)
@@ -245,6 +285,9 @@ class SimulatedUser:
                                            timeout, "response.done")
         result.status = done.event["response"]["status"]
         result.eos_to_done_ms = ms_between(reply.speech_end, done.at)
+        if result.expect:
+            said = " ".join(normalized_words(reply_transcript(done.event)))
+            result.on_topic = any(word in said for word in result.expect)
         if heard_out:
             self._heard_reply_at = playback_end(self.conn.events[reply.created_index:], reply.response_id,
                                                 self.options.speed)

@@ -165,9 +165,12 @@ def test_percentiles_and_the_table():
     empty = {"count": 0, "p50": None, "p95": None, "p99": None}
     level = {"sessions": 4, "turns_completed": 8, "wer": 0.05, "errors": [], "refused": 1, "dropped": 0,
              "latency_ms": {"eos_to_transcript_ms": stats, "eos_to_first_audio_ms": stats,
-                            "eos_to_done_ms": stats, "barge_in_to_cleared_ms": empty}}
+                            "eos_to_done_ms": stats, "barge_in_to_cleared_ms": empty},
+             "one_turn": {"yes": 3, "of": 4}, "backchannel_kept": {"yes": 0, "of": 0}, "on_topic": {"yes": 2, "of": 2}}
     table = format_table([level]).splitlines()
-    assert len(table) == 3 and "50/95/99" in table[2] and table[2].split("|")[-2].strip() == "1"
+    cells = [cell.strip() for cell in table[2].split("|")]
+    assert len(table) == 3 and "50/95/99" in table[2] and cells[-2] == "1"
+    assert cells[-6:-3] == ["3/4", "-", "2/2"]  # one turn, backchannel kept, on topic
 
 
 def test_a_reply_is_heard_out_at_real_time_pace_from_when_its_audio_arrives():
@@ -183,3 +186,25 @@ def test_a_reply_is_heard_out_at_real_time_pace_from_when_its_audio_arrives():
     events = [delta(10.0, 1.0), delta(10.1, 1.0), delta(10.2, 0.5, "resp_other"), delta(15.0, 0.5)]
     assert playback_end(events, "resp_1", speed=1.0) == pytest.approx(15.5)  # a gap: the queue ran dry at 12.0
     assert playback_end(events[:2], "resp_1", speed=2.0) == pytest.approx(11.0)
+
+
+def test_script_turns_for_a_pause_inside_a_backchannel_and_expected_words(tmp_path):
+    from voice_app.loadtest.script import ScriptError, parse_script
+
+    script = parse_script({"turns": [
+        {"say": "Tell me a story."},
+        {"say": "Mm-hmm.", "backchannel_after_ms": 900},
+        {"say": "What is the capital of ... Spain?", "gap_ms": 700, "expect": ["Madrid"]},
+    ]}, "test", tmp_path)
+    backchannel, gap = script.turns[1], script.turns[2]
+    assert backchannel.talks_over == 900 and backchannel.barge_in_after_ms is None
+    assert gap.transcript == "What is the capital of Spain?" and gap.expect == ("madrid",)
+    for bad, message in [
+        ({"say": "Hi ... there", "gap_ms": 500, "backchannel_after_ms": 10}, "needs a previous reply"),
+        ({"say": "No mark here", "gap_ms": 500}, "needs a `say` text with"),
+        ({"say": "Hi", "expect": "paris"}, "`expect` must be a list of words"),
+    ]:
+        with pytest.raises(ScriptError, match=message):
+            parse_script({"turns": [bad]}, "test", tmp_path)
+    with pytest.raises(ScriptError, match="exclude each other"):
+        parse_script({"turns": [{"say": "A"}, {"say": "B", "pause_ms": 5, "backchannel_after_ms": 5}]}, "test", tmp_path)
