@@ -8,17 +8,21 @@ import itertools
 import json
 from typing import Annotated, Any, Callable, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 CLOSE_TRY_AGAIN_LATER = 1013  # the websocket close code for "at capacity, retry later"
+MAX_ITEM_TEXT_CHARS = 100_000  # of one conversation item, all its content parts together
+MAX_CONTENT_PARTS = 16
 
 
 class ProtocolError(Exception):
     """A client event we cannot act on; becomes an `error` event, and the session goes on."""
 
-    def __init__(self, code: str, message: str, param: str | None = None, event_id: str | None = None):
+    def __init__(self, code: str, message: str, param: str | None = None, event_id: str | None = None,
+                 kind: str = "invalid_request_error"):
         super().__init__(message)
         self.code, self.message, self.param, self.event_id = code, message, param, event_id
+        self.kind = kind  # the error event's `type`: invalid_request_error, or server_error for our faults
 
 
 class _Event(BaseModel):
@@ -112,7 +116,7 @@ class InputAudioBufferClear(_Event):
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["input_text", "output_text", "text"]
-    text: str = Field(max_length=100000)
+    text: str = Field(max_length=MAX_ITEM_TEXT_CHARS)
 
 
 class MessageItem(BaseModel):
@@ -120,7 +124,19 @@ class MessageItem(BaseModel):
     id: str | None = Field(None, max_length=64)
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system"]
-    content: list[ContentPart] = Field(min_length=1)
+    content: list[ContentPart] = Field(min_length=1, max_length=MAX_CONTENT_PARTS)
+
+    @field_validator("content")
+    @classmethod
+    def _text_fits(cls, content: list[ContentPart]) -> list[ContentPart]:
+        chars = sum(len(part.text) for part in content)
+        if chars > MAX_ITEM_TEXT_CHARS:
+            raise ValueError(f"the item's text is {chars} characters; at most {MAX_ITEM_TEXT_CHARS} are allowed")
+        return content
+
+    @property
+    def text(self) -> str:
+        return " ".join(part.text for part in self.content).strip()
 
 
 class ConversationItemCreate(_Event):
@@ -150,7 +166,7 @@ class ConversationItemTruncate(_Event):
     type: Literal["conversation.item.truncate"]
     item_id: str
     content_index: int = Field(0, ge=0)
-    audio_end_ms: int = Field(ge=0)
+    audio_end_ms: int = Field(ge=0, le=24 * 3600 * 1000)
 
 
 class OutputAudioBufferClear(_Event):
@@ -172,17 +188,28 @@ CLIENT_EVENT_TYPES = sorted(
 )
 
 
+def utf8_size(raw: str | bytes) -> int:
+    """The message's size on the wire: UTF-8 bytes, not characters."""
+    if isinstance(raw, bytes) or raw.isascii():
+        return len(raw)
+    return len(raw.encode("utf-8", "surrogatepass"))
+
+
 def parse_client_event(raw: str | bytes, max_bytes: int,
                        translate: Callable[[Any], Any] | None = None) -> BaseModel:
     """Wire text -> a validated client event model, or ProtocolError naming what was wrong.
     translate: applied to the parsed JSON first (a client dialect's fields -> ours)."""
-    if len(raw) > max_bytes:
-        raise ProtocolError("message_too_large",
-                            f"message of {len(raw)} bytes exceeds the limit of {max_bytes} bytes")
+    size = utf8_size(raw)
+    if size > max_bytes:
+        raise ProtocolError("message_too_large", f"message of {size} bytes exceeds the limit of {max_bytes} bytes")
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError("invalid_json", f"message is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # json's C scanner recurses once per nesting level
+        raise ProtocolError("invalid_json", "message is nested too deeply to parse") from exc
+    except ValueError as exc:  # e.g. an integer longer than Python converts (4300 digits)
+        raise ProtocolError("invalid_json", f"message holds a value that cannot be parsed: {exc}") from exc
     return validate_client_event(translate(data) if translate is not None else data)
 
 
@@ -218,7 +245,7 @@ def server_event(event_type: str, **fields: Any) -> dict[str, Any]:
 
 def error_event(error: ProtocolError) -> dict[str, Any]:
     return server_event("error", error={
-        "type": "invalid_request_error", "code": error.code, "message": error.message,
+        "type": error.kind, "code": error.code, "message": error.message,
         "param": error.param, "event_id": error.event_id,
     })
 

@@ -57,3 +57,18 @@ def test_bad_events_are_named(raw, code, words):
 def test_oversized_message_is_refused_before_parsing():
     error = _error("x" * 20000, max_bytes=10000)
     assert error.code == "message_too_large" and "10000" in error.message
+
+
+def test_size_counts_utf8_bytes_and_unparseable_json_is_named():
+    text = json.dumps({"type": "input_audio_buffer.append", "audio": "A"}, ensure_ascii=False)[:-1] + ', "n": "ü€"}'
+    assert parse_client_event(text, len(text.encode())).type == "input_audio_buffer.append"
+    error = _error(text, max_bytes=len(text) + 1)  # fits in characters, not in bytes
+    assert error.code == "message_too_large" and f"{len(text.encode())} bytes" in error.message
+    assert "nested too deeply" in _error("[" * 100_000 + "]" * 100_000, 10 ** 6).message
+    assert "4300 digits" in _error('{"n": ' + "9" * 5000 + "}", 10 ** 6).message
+
+
+def test_an_item_holds_at_most_its_text_limit():
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * 60_000}] * 2}
+    error = _error(json.dumps({"type": "conversation.item.create", "item": item}), 10 ** 6)
+    assert error.param == "item.content" and "120000 characters" in error.message
