@@ -32,6 +32,26 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
 
+def add_exposure_flags(parser: argparse.ArgumentParser) -> None:
+    """Who may connect and how long a session may hold the server (docs/security.md)."""
+    parser.add_argument("--allowed-origins", help="comma-separated page origins allowed besides the server's own "
+                        "(e.g. https://app.example); * allows any")
+    parser.add_argument("--allowed-hosts", help="comma-separated Host header names accepted (default: the loopback "
+                        "names when --host is loopback, any when it is 0.0.0.0); *.example.com patterns allowed")
+    parser.add_argument("--api-token", help="require this bearer token of /v1 clients (prefer VOICE_APP_API_TOKEN: "
+                        "flags show in the process list)")
+    parser.add_argument("--idle-timeout-s", type=float, help="end a session after this long without a client event")
+    parser.add_argument("--max-session-s", type=float, help="end a session after this long (default 3600)")
+    parser.add_argument("--send-timeout-s", type=float, help="drop a client that takes no event for this long")
+    parser.add_argument("--max-message-bytes", type=int, help="largest client event (default 15 MiB)")
+    parser.add_argument("--context-tokens", type=int, help="prompt + reply tokens of one response, at most")
+    parser.add_argument("--history-max-items", type=int, help="conversation items a session keeps")
+    parser.add_argument("--history-max-chars", type=int, help="conversation text a session keeps, in characters")
+    parser.add_argument("--max-output-tokens-cap", type=int, help="the most reply tokens a client may ask for")
+    parser.add_argument("--response-inactivity-timeout-s", type=float,
+                        help="fail a reply when the engine sends nothing for this long")
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from env/.env, with every flag the user gave taking precedence."""
     overrides = {name: value for name, value in vars(args).items()
@@ -45,6 +65,7 @@ def _register_serve(subparsers: Any) -> None:
     parser.add_argument("--port", type=int, help="port (default 8765)")
     parser.add_argument("--web-dir", help="directory served at / (default web)")
     parser.add_argument("--max-sessions", type=int, help="concurrent sessions before refusing (1013)")
+    add_exposure_flags(parser)
     add_model_flags(parser)
     parser.set_defaults(run=_run_serve)
 

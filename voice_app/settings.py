@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+MIB = 1024 * 1024
 
 DEFAULT_INSTRUCTIONS = (
     "You are a friendly voice assistant. Your words are spoken aloud, so answer in one or two "
@@ -49,9 +51,23 @@ class Settings(BaseSettings):
     piper_config: str | None = None  # None: the voice file's path + ".json"
     tts_workers: int = Field(1, ge=1, le=16)
 
+    # who may connect (docs/security.md): same-origin pages and non-browser clients by default
+    allowed_origins: Annotated[list[str], NoDecode] = []  # more page origins; "*": any
+    allowed_hosts: Annotated[list[str], NoDecode] = []  # Host header names; empty: derived from `host`
+    api_token: str | None = None  # required of every /v1 client when set (Bearer header or subprotocol)
+
     # sessions
     max_sessions: int = Field(8, ge=1)
-    max_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # OpenAI's limit for one client event (an append of 15 MiB of base64 audio is legal there)
+    max_message_bytes: int = Field(15 * MIB, ge=1024)
+    idle_timeout_s: float = Field(600.0, gt=0)  # no client event for this long: the session ends
+    max_session_s: float = Field(3600.0, gt=0)  # OpenAI's documented maximum session length
+    send_timeout_s: float = Field(20.0, gt=0)  # a client that takes no event for this long is dropped
+    history_max_items: int = Field(512, ge=2)  # a session's conversation; the oldest items go first
+    history_max_chars: int = Field(MIB, ge=1024)  # of item text
+    context_tokens: int = Field(2048, ge=128)  # prompt + reply of one response, at most (KV cache size)
+    max_output_tokens_cap: int = Field(1024, ge=1, le=8192)  # the most a client may ask for a reply
+    response_inactivity_timeout_s: float = Field(30.0, gt=0)  # no engine update this long: the reply fails
     instructions: str = DEFAULT_INSTRUCTIONS
     # put these default instructions before a client's own: replies are spoken whatever the
     # client asks, and SmolLM2-135M drifts off task (even into French) under short system
@@ -70,3 +86,16 @@ class Settings(BaseSettings):
     draft_pause_ms: int = Field(160, ge=32, le=5000)  # a pause this long starts a speculative draft
     barge_in_min_speech_ms: int = Field(64, ge=0, le=5000)
     speculative_tts: bool = True  # synthesize a speculative draft's first sentences early
+
+    @field_validator("allowed_origins", "allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """VOICE_APP_ALLOWED_ORIGINS=https://a.example,https://b.example (or a JSON list)."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dllm_engine.request import DraftUpdate, GenerationParams, RequestHandle, RequestStats
+from dllm_engine.request import DraftUpdate, EngineError, GenerationParams, RequestHandle, RequestStats
 from voice_app.audio.pcm import ASR_RATE, WIRE_RATE
 from voice_app.core.audio_sink import ms_of
 from voice_app.core.models import VAD_WINDOW
@@ -178,7 +178,9 @@ class ScriptedHandle(RequestHandle):
 class ScriptedEngine:
     """Replies with `reply(messages)`, `words_per_step` words a step, one step every `step_s`
     (0: as fast as the loop turns over). `hold_after_words`: the reply stops there until
-    `release` is set (or it is cancelled), so a test can talk over a reply being produced."""
+    `release` is set (or it is cancelled), so a test can talk over a reply being produced.
+    Like the real engine, it takes requests from any thread (sessions submit from a worker
+    thread); the replies run on the event loop it was made on."""
 
     model_name = "scripted"
     max_context_tokens = 512
@@ -195,21 +197,27 @@ class ScriptedEngine:
         self.judged: list[str] = []  # texts asked whether they sound finished
         self.live_requests = 0
         self._tasks: set[asyncio.Task] = set()
+        self._loop = asyncio.get_running_loop()
 
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
         return sum(len(m["content"].split()) + 4 for m in messages)
 
     def submit(self, messages: list[dict[str, str]], params: GenerationParams) -> RequestHandle:
         params.validate()
-        self.live_requests += 1
+        if not messages:
+            raise EngineError("the prompt is empty")
         handle = ScriptedHandle(len(self.handles) + 1, params.background)
         self.handles.append(handle)
-        self.submitted.append(messages)
         words = self.reply(messages).split()[: params.max_new_tokens]
-        task = asyncio.get_running_loop().create_task(self._run(handle, words))
+        self._loop.call_soon_threadsafe(self._begin, handle, messages, words)
+        return handle
+
+    def _begin(self, handle: ScriptedHandle, messages: list[dict[str, str]], words: list[str]) -> None:
+        self.live_requests += 1
+        self.submitted.append(messages)
+        task = self._loop.create_task(self._run(handle, words))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return handle
 
     def end_of_turn_probability(self, messages: list[dict[str, str]], background: bool = True) -> RequestHandle:
         """As SmolLM2 judges: words ending in . ? ! sound finished, others not."""
@@ -218,7 +226,7 @@ class ScriptedEngine:
         finished = messages[-1]["content"].rstrip().endswith((".", "?", "!"))
         update = DraftUpdate(request_id=handle.request_id, committed_text="", draft_text="", token_ids=[], step=1,
                              final=True, finish_reason="length", token_probs=[0.8 if finished else 0.01])
-        asyncio.get_running_loop().call_soon(handle.publish, update)
+        self._loop.call_soon_threadsafe(handle.publish, update)
         return handle
 
     async def wait_idle(self) -> None:

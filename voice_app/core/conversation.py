@@ -5,8 +5,11 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Awaitable, Callable, Protocol
+
+from voice_app.realtime.protocol import server_event
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +79,38 @@ class ContextTooLong(Exception):
 
 @dataclass
 class Conversation:
+    """A session's items, bounded: past `max_items` items or `max_chars` characters of text the
+    oldest finished items are forgotten (long past the model's context by then); their ids wait
+    in `evicted` for the session to announce (conversation.item.deleted)."""
+
     items: list[ConversationItem] = field(default_factory=list)
+    max_items: int = 512
+    max_chars: int = 1 << 20
+    evicted: list[str] = field(default_factory=list)
 
     def add(self, item: ConversationItem) -> str | None:
         """Appends the item; returns the previous item's id (the wire's previous_item_id)."""
         previous = self.items[-1].id if self.items else None
         self.items.append(item)
+        self._evict()
         return previous
 
     def find(self, item_id: str) -> ConversationItem | None:
         return next((item for item in self.items if item.id == item_id), None)
+
+    def take_evicted(self) -> list[str]:
+        evicted, self.evicted = self.evicted, []
+        return evicted
+
+    def _evict(self) -> None:
+        chars = sum(len(item.text) for item in self.items)
+        while len(self.items) > 1 and (len(self.items) > self.max_items or chars > self.max_chars):
+            oldest = next((item for item in self.items[:-1] if item.status != "in_progress"), None)
+            if oldest is None:
+                return  # every older item is still being written: they go once finished
+            self.items.remove(oldest)
+            self.evicted.append(oldest.id)
+            chars -= len(oldest.text)
 
     def messages(self, instructions: str, pending_user_text: str | None = None) -> list[dict[str, str]]:
         """What the engine sees. A reply the user cut off keeps only its whole sentences: one that
@@ -101,18 +126,64 @@ class Conversation:
         return messages
 
 
-def fit_to_context(messages: list[dict[str, str]], counter: TokenCounter, reply_tokens: int) -> list[dict[str, Any]]:
-    """Drops the oldest turns (never the system prompt or the newest message) until the prompt
-    plus the reply budget fits the model's context."""
-    budget = counter.max_context_tokens - reply_tokens
-    system = messages[:1] if messages and messages[0]["role"] == "system" else []
-    turns = messages[len(system):]
-    while len(turns) > 1 and counter.count_tokens(system + turns) > budget:
-        turns = turns[1:]
-    if counter.count_tokens(system + turns) > budget:
-        raise ContextTooLong(
-            f"the prompt needs {counter.count_tokens(system + turns)} tokens but only {budget} of the "
-            f"model's {counter.max_context_tokens} are left after {reply_tokens} for the reply")
-    if len(turns) < len(messages) - len(system):
-        log.info("dropped %d old turns to fit the context", len(messages) - len(system) - len(turns))
-    return system + turns
+async def announce_evictions(conversation: Conversation, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    """Tells the client which items the history cap made the conversation forget."""
+    for item_id in conversation.take_evicted():
+        await send(server_event("conversation.item.deleted", item_id=item_id))
+
+
+class ContextFitter:
+    """Trims a prompt to the context, oldest turns first, in time linear in the history: each
+    message's token cost is counted once (by text, remembered) and the trim walks a running sum;
+    one exact count of the kept prompt checks the estimate. Blocking (tokenizer work): sessions
+    call `fit` on a worker thread, never on the event loop."""
+
+    def __init__(self, counter: TokenCounter, context_tokens: int | None = None, remembered: int = 4096):
+        self._counter = counter
+        self.context_tokens = min(context_tokens or counter.max_context_tokens, counter.max_context_tokens)
+        self._costs: dict[tuple[str, str], int] = {}
+        self._remembered = remembered
+        self._lock = threading.Lock()
+
+    def fit(self, messages: list[dict[str, str]], reply_tokens: int) -> list[dict[str, str]]:
+        budget = self.context_tokens - reply_tokens
+        system = messages[:1] if messages and messages[0]["role"] == "system" else []
+        turns = messages[len(system):]
+        kept = system + turns[self._first_that_fits(system, turns, budget):]
+        needed = self._counter.count_tokens(kept) if kept else 0
+        while needed > budget and len(kept) > len(system) + 1:
+            kept.pop(len(system))  # the estimate was a few tokens short: one more turn goes
+            needed = self._counter.count_tokens(kept)
+        if needed > budget:
+            raise ContextTooLong(f"the prompt needs {needed} tokens but only {budget} of the {self.context_tokens} "
+                                 f"context tokens are left after {reply_tokens} for the reply")
+        if len(kept) < len(messages):
+            log.info("dropped %d old turns to fit %d tokens", len(messages) - len(kept), budget)
+        return kept
+
+    def _first_that_fits(self, system: list[dict[str, str]], turns: list[dict[str, str]], budget: int) -> int:
+        """The oldest turn to keep, by the running sum of the turns' costs."""
+        if not turns:
+            return 0
+        costs = [self._cost(message) for message in turns]
+        # the template's fixed part: the system prompt (or the one it supplies), the reply's header
+        total = self._counter.count_tokens(system + turns[-1:]) - costs[-1] + sum(costs)
+        first = 0
+        while first < len(turns) - 1 and total > budget:
+            total -= costs[first]
+            first += 1
+        return first
+
+    def _cost(self, message: dict[str, str]) -> int:
+        """What one more copy of the message adds to a prompt: template-agnostic (a default
+        system prompt or a generation header the template adds appears in both counts)."""
+        key = (message["role"], message["content"])
+        with self._lock:
+            cost = self._costs.get(key)
+        if cost is None:
+            cost = self._counter.count_tokens([message, message]) - self._counter.count_tokens([message])
+            with self._lock:  # a session may fit a draft and a reply at once
+                if len(self._costs) >= self._remembered:
+                    self._costs.pop(next(iter(self._costs)))  # the oldest text first
+                self._costs[key] = cost
+        return cost

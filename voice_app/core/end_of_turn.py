@@ -15,6 +15,7 @@ import logging
 from typing import Callable
 
 from voice_app.core.models import Engine
+from voice_app.core.offload import submit_off_loop
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,10 @@ VERDICT_TIMEOUT_S = 0.4  # a verdict later than this is not worth waiting for
 
 class EndOfTurnJudge:
     def __init__(self, engine: Engine, conversation_with: Callable[[str], list[dict[str, str]]],
-                 threshold: float):
+                 threshold: float, fit: Callable[[list[dict[str, str]]], list[dict[str, str]]] | None = None):
         self._engine = engine
         self._conversation_with = conversation_with  # the transcript as the pending user message
+        self._fit = fit or (lambda messages: messages)  # trims the prompt to the context (blocking)
         self.threshold = threshold
         self._cache: dict[str, float] = {}
 
@@ -44,8 +46,10 @@ class EndOfTurnJudge:
             return None
         if text in self._cache:
             return self._cache[text]
-        try:
-            handle = self._engine.end_of_turn_probability(self._conversation_with(text), background=False)
+        messages = self._conversation_with(text)
+        try:  # the chat template and the tokenizer run on a worker thread, not the event loop
+            handle = await submit_off_loop(
+                lambda: self._engine.end_of_turn_probability(self._fit(messages), background=False))
         except Exception as exc:  # an overloaded or failed engine: the silence rule decides alone
             log.info("no end-of-turn verdict for %r: %s", text, exc)
             return None

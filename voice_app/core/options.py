@@ -9,7 +9,7 @@ from voice_app.audio.pcm import WIRE_RATE
 from voice_app.realtime import protocol as p
 from voice_app.settings import Settings
 
-MAX_OUTPUT_TOKENS = 4096  # the most a client may ask for a reply
+MAX_OUTPUT_TOKENS = 4096  # the most the Realtime API lets a client ask for a reply
 
 
 # semantic_vad: how long a turn whose words sound unfinished may pause before it ends anyway
@@ -67,7 +67,8 @@ class TurnDetection:
 class SessionOptions:
     instructions: str
     max_output_tokens: int
-    unlimited_output_tokens: int  # what max_output_tokens "inf" means: the server's cap
+    unlimited_output_tokens: int  # what max_output_tokens "inf" means: the server's default
+    output_tokens_cap: int = MAX_OUTPUT_TOKENS  # the most a client may ask for (the operator's setting)
     voice: str = "joe"
     speed: float = 1.0
     audio_out: bool = True  # output_modalities ["audio"] (spoken, with a transcript) or ["text"]
@@ -78,25 +79,28 @@ class SessionOptions:
     def from_settings(cls, settings: Settings) -> "SessionOptions":
         return cls(instructions=settings.instructions, max_output_tokens=settings.max_new_tokens,
                    unlimited_output_tokens=settings.max_new_tokens,
+                   output_tokens_cap=min(settings.max_output_tokens_cap, MAX_OUTPUT_TOKENS),
                    turn_detection=TurnDetection(type=settings.turn_detection, eagerness=settings.eagerness,
                                                 threshold=settings.vad_threshold,
                                                 prefix_padding_ms=settings.prefix_padding_ms,
                                                 silence_duration_ms=settings.silence_duration_ms,
                                                 pause_ms=settings.draft_pause_ms))
 
-    def reply_tokens(self, requested: int | str) -> int:
-        """A client's max_output_tokens as a token count; ProtocolError when out of range."""
+    def reply_tokens(self, requested: int | str, event_id: str | None = None) -> int:
+        """A client's max_output_tokens as a token count; ProtocolError when over the operator's
+        cap (settings.max_output_tokens_cap) or below 1."""
         if requested == "inf":
             return self.unlimited_output_tokens
-        if not 1 <= int(requested) <= MAX_OUTPUT_TOKENS:
-            raise p.ProtocolError("invalid_value", f"max_output_tokens must be in 1..{MAX_OUTPUT_TOKENS} or 'inf', "
-                                  f"got {requested}", "max_output_tokens")
+        if not 1 <= int(requested) <= self.output_tokens_cap:
+            shown = requested if len(str(requested)) <= 20 else f"a {len(str(requested))}-digit number"
+            raise p.ProtocolError("invalid_value", f"max_output_tokens must be in 1..{self.output_tokens_cap} or "
+                                  f"'inf', got {shown}", "max_output_tokens", event_id)
         return int(requested)
 
-    def update(self, config: p.SessionConfig) -> None:
+    def update(self, config: p.SessionConfig, event_id: str | None = None) -> None:
         """Applies a session.update; a refused one changes nothing (the only check runs first)."""
         if config.max_output_tokens is not None:
-            self.max_output_tokens = self.reply_tokens(config.max_output_tokens)
+            self.max_output_tokens = self.reply_tokens(config.max_output_tokens, event_id)
         if config.instructions is not None:
             self.instructions = config.instructions
         if config.output_modalities is not None:

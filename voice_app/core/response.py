@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
@@ -29,11 +29,16 @@ log = logging.getLogger(__name__)
 
 AUDIO_CHUNK_SAMPLES = WIRE_RATE // 5  # 200 ms of audio per sink push (per response.output_audio.delta)
 SPECULATIVE_SENTENCES = 1  # sentences a speculative response may synthesise before adoption
+AUDIO_AHEAD_SENTENCES = 2  # synthesised sentences waiting to be sent: TTS pauses for a slow client
+
+
+class EngineSilent(Exception):
+    """The engine sent no update for the response's inactivity timeout."""
 
 
 class Response:
     def __init__(self, *, handle: Any, source_text: str, audio_out: bool, synthesizer: Synthesizer,
-                 speculative_tts: bool, speed: float = 1.0):
+                 speculative_tts: bool, speed: float = 1.0, inactivity_timeout_s: float = 30.0):
         self.id = new_id("resp")
         self.item = ConversationItem(id=new_id("item"), role="assistant", audio=audio_out,
                                      status="in_progress")
@@ -44,6 +49,7 @@ class Response:
         self.clock = TurnClock()
         self.cancelled = False
         self.status = "in_progress"
+        self.failure: str | None = None  # why it failed, for response.done's status_details
         self.last_update: Any = None
         self.spoken_text = ""  # text of every sentence handed to the client so far
         self.metrics_reported = False
@@ -52,6 +58,8 @@ class Response:
         self._synthesizer = synthesizer
         self._speculative_tts = speculative_tts
         self._speed = speed
+        self._inactivity_timeout_s = inactivity_timeout_s  # no engine update this long: failed
+        self._audio_ahead = asyncio.Semaphore(AUDIO_AHEAD_SENTENCES)
         self.sink: AudioSink | None = None  # the listener's player, set by the session on activation
         self._adopted = asyncio.Event()
         self._outbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -64,9 +72,23 @@ class Response:
 
     def start(self) -> None:
         """Begins drafting (and, if allowed, speculative synthesis) without sending anything."""
-        self._tasks.append(asyncio.create_task(self._follow_engine(), name=f"{self.id}-engine"))
+        self._start_producer(self._follow_engine(), "engine")
         if self.audio_out:
-            self._tasks.append(asyncio.create_task(self._synthesize_sentences(), name=f"{self.id}-tts"))
+            self._start_producer(self._synthesize_sentences(), "tts")
+
+    def _start_producer(self, work: Awaitable[None], name: str) -> None:
+        """A producer that fails ends the response `failed` instead of leaving the speaker
+        waiting (and the session's active response set) forever."""
+        task = asyncio.create_task(work, name=f"{self.id}-{name}")
+        task.add_done_callback(self._producer_done)
+        self._tasks.append(task)
+
+    def _producer_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("response %s: %s failed", self.id, task.get_name(), exc_info=task.exception())
+        self.handle.cancel()
+        self._outbox.put_nowait(("failed", f"{type(task.exception()).__name__} in {task.get_name()}"))
 
     def adopt(self, send: Send, on_finished: Callable[["Response"], Awaitable[None]], clock: TurnClock) -> None:
         """Makes the response real: from now on its events go to `send`, its audio to `sink`."""
@@ -113,29 +135,52 @@ class Response:
 
     # ---- producers --------------------------------------------------------------------
 
+    async def _updates(self) -> AsyncIterator[Any]:
+        """The handle's updates; an engine that sends nothing for the inactivity timeout (a hung
+        scheduler) ends them with a failure."""
+        updates = aiter(self.handle)
+        while True:
+            try:
+                yield await asyncio.wait_for(anext(updates), self._inactivity_timeout_s)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                self.handle.cancel()
+                raise EngineSilent(f"the engine sent nothing for {self._inactivity_timeout_s:g} s") from None
+
     async def _follow_engine(self) -> None:
         settler = SentenceSettler()
-        async for update in self.handle:
-            self.last_update = update
-            if update.draft_text and self.adopted and self.clock.first_draft_at is None:
-                self.clock.first_draft_at = time.monotonic()
-            if not self._draft_queued:  # a slow reader gets the newest draft, not every one
-                self._draft_queued = True
-                self._outbox.put_nowait(("draft", None))
-            if update.finish_reason == "error":
-                self._outbox.put_nowait(("failed", update.error or "engine error"))
-                break
-            for sentence in settler.feed(update.committed_text, final=update.final):
-                log.debug("response %s: sentence settled after %d passes: %r", self.id, update.stats.forward_passes,
-                          sentence)
-                sentence = clean_for_speech(sentence)
-                if sentence and self.audio_out:
-                    self._sentences.put_nowait(sentence)
-                elif sentence:
-                    self._outbox.put_nowait(("text", sentence))
+        try:
+            async for update in self._updates():
+                if not self._on_update(update, settler):
+                    break
+        except EngineSilent as silent:
+            self._outbox.put_nowait(("failed", str(silent)))
         self._sentences.put_nowait(None)
         if not self.audio_out:
             self._outbox.put_nowait(("end", None))
+
+    def _on_update(self, update: Any, settler: SentenceSettler) -> bool:
+        """One engine update: the newest draft for the client, settled sentences for TTS (or the
+        client); False once the request failed."""
+        self.last_update = update
+        if update.draft_text and self.adopted and self.clock.first_draft_at is None:
+            self.clock.first_draft_at = time.monotonic()
+        if not self._draft_queued:  # a slow reader gets the newest draft, not every one
+            self._draft_queued = True
+            self._outbox.put_nowait(("draft", None))
+        if update.finish_reason == "error":
+            self._outbox.put_nowait(("failed", update.error or "engine error"))
+            return False
+        for sentence in settler.feed(update.committed_text, final=update.final):
+            log.debug("response %s: sentence settled after %d passes: %r", self.id, update.stats.forward_passes,
+                      sentence)
+            sentence = clean_for_speech(sentence)
+            if sentence and self.audio_out:
+                self._sentences.put_nowait(sentence)
+            elif sentence:
+                self._outbox.put_nowait(("text", sentence))
+        return True
 
     async def _synthesize_sentences(self) -> None:
         synthesized = 0
@@ -143,6 +188,7 @@ class Response:
         while (sentence := await self._sentences.get()) is not None:
             if synthesized >= SPECULATIVE_SENTENCES or not self._speculative_tts:
                 await self._adopted.wait()  # speculation stops short: CPU is better spent elsewhere
+            await self._audio_ahead.acquire()  # released as the speaker sends it
             started = time.monotonic()
             # needed once the audio before it has played (now, if nothing plays yet): a first
             # sentence goes before another reply's later ones
@@ -173,12 +219,13 @@ class Response:
                     self._draft_queued = False
                     await self._send_draft(self.last_update)
                 elif kind == "audio":
+                    self._audio_ahead.release()
                     await self._send_sentence_audio(ids, *payload)
                 elif kind == "text":
                     self.spoken_text = f"{self.spoken_text} {payload}".strip()
                     await self._emit("response.output_text.delta", **ids, delta=payload + " ")
                 elif kind == "failed":
-                    self.status = "failed"
+                    self.status, self.failure = "failed", payload
                     log.error("response %s failed: %s", self.id, payload)
                     break
                 elif kind == "end":
@@ -186,6 +233,10 @@ class Response:
                     break
         except asyncio.CancelledError:
             return  # cut off: the session ends the response itself
+        except Exception:  # a failed send or sink: the response ends, the session goes on
+            log.exception("response %s: sending failed", self.id)
+            self.cancel()
+            self.status, self.failure = "failed", "the server failed to send the response"
         if self._on_finished is not None:
             await self._on_finished(self)
 
@@ -221,6 +272,9 @@ class Response:
         }
         if reason:
             shape["status_details"] = {"type": status, "reason": reason}
+        elif status == "failed":
+            shape["status_details"] = {"type": "failed", "error": {
+                "type": "server_error", "code": "engine_error", "message": self.failure or "the reply failed"}}
         stats = getattr(self.last_update, "stats", None)
         if stats is not None and status != "in_progress":
             shape["usage"] = {"input_tokens": stats.prompt_tokens, "output_tokens": stats.new_tokens,

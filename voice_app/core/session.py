@@ -24,10 +24,12 @@ from pydantic import BaseModel
 
 from voice_app.audio.pcm import WIRE_RATE, AudioFormatError, decode_base64_pcm16
 from voice_app.core.audio_sink import OpenSink, Send, WireAudioSink
-from voice_app.core.conversation import ContextTooLong, Conversation, ConversationItem, fit_to_context, new_id
+from voice_app.core.conversation import (ContextFitter, ContextTooLong, Conversation, ConversationItem,
+                                         announce_evictions, new_id)
 from voice_app.core.end_of_turn import EndOfTurnJudge
 from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.models import Models
+from voice_app.core.offload import submit_off_loop
 from voice_app.core.options import SessionOptions
 from voice_app.core.response import Response
 from voice_app.core.turns import Listener, TurnClock, UserTurn
@@ -35,6 +37,9 @@ from voice_app.realtime import protocol as p
 from voice_app.settings import Settings
 
 log = logging.getLogger(__name__)
+
+LARGE_MESSAGE_CHARS = 1 << 20  # parsed on a worker thread, not the event loop (~1 ms a MiB)
+LARGE_AUDIO_CHARS = 1 << 16  # base64 decoded on a worker thread (~10 ms a MiB)
 
 
 class Session:
@@ -50,18 +55,23 @@ class Session:
         self.settings = settings
         self.metrics = metrics or VoiceMetrics()
         self.options = SessionOptions.from_settings(settings)
-        self.conversation = Conversation()
+        self.conversation = Conversation(max_items=settings.history_max_items, max_chars=settings.history_max_chars)
+        self._fitter = ContextFitter(models.engine, settings.context_tokens)
         self.closed = False
         self._translate_in = translate_in
         self._send_raw = send
         self._send_lock = asyncio.Lock()
         self._open_sink = open_sink or (lambda ids: WireAudioSink(self._send, ids))
         self._speculation: Response | None = None
+        self._drafting: asyncio.Task | None = None  # a speculative draft being submitted
+        self._draft_text = ""  # the transcript the speculation (live or being submitted) answers
+        self._start_lock = asyncio.Lock()  # one response starts at a time: at most one is active
         self._active: Response | None = None
         self._playing: Response | None = None  # finished sending, maybe still playing at the client
         self._responses: set[Response] = set()  # every response not yet stopped, for close()
         self._tasks: set[asyncio.Task] = set()
-        judge = EndOfTurnJudge(models.engine, self._conversation_with, settings.end_of_turn_threshold)
+        judge = EndOfTurnJudge(models.engine, self._conversation_with, settings.end_of_turn_threshold,
+                               fit=lambda messages: self._fitter.fit(messages, reply_tokens=1))
         self.listener = Listener(self.id, models, self.options.turn_detection, settings.partial_interval_ms,
                                  self.conversation, self._send, self._spawn, hooks=self, judge=judge)
         self._handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
@@ -86,15 +96,29 @@ class Session:
         await self._send(p.server_event("session.created", session=self.session_shape()))
 
     async def handle_text(self, raw: str | bytes) -> None:
-        """One wire message: parsed, validated, dispatched; a bad one gets an `error` event."""
+        """One wire message: parsed, validated, dispatched; a bad one gets an `error` event, and
+        so does one the server fails on (a bug costs that event, never the session)."""
+        event: BaseModel | None = None
         try:
-            event = p.parse_client_event(raw, self.settings.max_message_bytes, self._translate_in)
+            event = await self._parse(raw)
             await self.handle_event(event)
         except p.ProtocolError as error:
             await self.send_error(error)
+        except Exception as exc:
+            log.exception("session %s: handling a client event failed", self.id)
+            name = getattr(event, "type", "the event")
+            await self.send_error(p.ProtocolError(
+                "server_error", f"the server failed to handle {name} ({type(exc).__name__}); the session goes on",
+                None, getattr(event, "event_id", None), kind="server_error"))
+
+    async def _parse(self, raw: str | bytes) -> BaseModel:
+        args = (raw, self.settings.max_message_bytes, self._translate_in)
+        if len(raw) > LARGE_MESSAGE_CHARS and len(raw) <= self.settings.max_message_bytes:
+            return await asyncio.to_thread(p.parse_client_event, *args)
+        return p.parse_client_event(*args)
 
     async def send_error(self, error: p.ProtocolError) -> None:
-        log.info("session %s: client error %s: %s", self.id, error.code, error.message)
+        log.info("session %s: client error %s: %r", self.id, error.code, error.message[:300])
         self.metrics.client_errors_total.inc()
         await self._send(p.error_event(error))
 
@@ -108,6 +132,7 @@ class Session:
     async def close(self) -> None:
         """Stops everything this session started; returns when no engine or TTS work is left."""
         self.closed = True
+        self.listener.close()
         responses = list(self._responses)
         for response in responses:
             response.cancel()
@@ -144,12 +169,15 @@ class Session:
     # ---- client events ----------------------------------------------------------------------
 
     async def _on_session_update(self, event: p.SessionUpdate) -> None:
-        self.options.update(event.session)
+        self.options.update(event.session, event.event_id)
         await self._send(p.server_event("session.updated", session=self.session_shape()))
 
     async def _on_input_audio_buffer_append(self, event: p.InputAudioBufferAppend) -> None:
         try:
-            samples = decode_base64_pcm16(event.audio)
+            if len(event.audio) > LARGE_AUDIO_CHARS:
+                samples = await asyncio.to_thread(decode_base64_pcm16, event.audio)
+            else:
+                samples = decode_base64_pcm16(event.audio)
         except AudioFormatError as exc:
             raise p.ProtocolError("invalid_audio", str(exc), "audio", event.event_id) from exc
         await self.push_pcm16(samples)
@@ -163,8 +191,7 @@ class Session:
         await self._send(p.server_event("input_audio_buffer.cleared"))
 
     async def _on_conversation_item_create(self, event: p.ConversationItemCreate) -> None:
-        text = " ".join(part.text for part in event.item.content).strip()
-        item = ConversationItem(event.item.id or new_id("item"), event.item.role, text)
+        item = ConversationItem(event.item.id or new_id("item"), event.item.role, event.item.text)
         if self.conversation.find(item.id) is not None:
             raise p.ProtocolError("invalid_value", f"item id {item.id!r} is already in the conversation",
                                   "item.id", event.event_id)
@@ -173,21 +200,23 @@ class Session:
         shape = p.message_item(item.id, item.role, item.text)
         await self._send(p.server_event("conversation.item.added", previous_item_id=previous, item=shape))
         await self._send(p.server_event("conversation.item.done", previous_item_id=previous, item=shape))
+        await announce_evictions(self.conversation, self._send)
 
     async def _on_response_create(self, event: p.ResponseCreate) -> None:
-        if self._active is not None:
-            raise p.ProtocolError("conversation_already_has_active_response",
-                                  f"response {self._active.id} is still in progress; cancel it first",
-                                  None, event.event_id)
         options = event.response or p.ResponseOptions()
         instructions = options.instructions if options.instructions is not None else self.options.instructions
         audio_out = self.options.audio_out if options.output_modalities is None else "audio" in options.output_modalities
         reply_tokens = (self.options.max_output_tokens if options.max_output_tokens is None
-                        else self.options.reply_tokens(options.max_output_tokens))
-        self._drop_speculation()
-        messages = self.conversation.messages(self._system_prompt(instructions))
-        response = self._start_response(messages, audio_out, reply_tokens, event.event_id)
-        await self._activate(response, TurnClock())
+                        else self.options.reply_tokens(options.max_output_tokens, event.event_id))
+        async with self._start_lock:
+            if self._active is not None:
+                raise p.ProtocolError("conversation_already_has_active_response",
+                                      f"response {self._active.id} is still in progress; cancel it first",
+                                      None, event.event_id)
+            self._drop_speculation()
+            messages = self.conversation.messages(self._system_prompt(instructions))
+            response = await self._start_response(messages, audio_out, reply_tokens, event.event_id)
+            await self._activate(response, TurnClock())
 
     async def _on_response_cancel(self, event: p.ResponseCancel) -> None:
         active = self._active
@@ -266,67 +295,101 @@ class Session:
 
     def _speculate(self, text: str) -> None:
         """Drafts a reply to what the user has said so far; a newer transcript redrafts."""
-        if not text.strip() or (self._speculation is not None and self._speculation.source_text == text):
+        if not text.strip() or text == self._draft_text:
             return
         self._drop_speculation()
         log.debug("session %s: speculative draft for %r", self.id, text)
+        self._draft_text = text
+        self._drafting = self._spawn(self._draft(text), "draft")
+
+    async def _draft(self, text: str) -> None:
         messages = self._conversation_with(text)
         try:
-            self._speculation = self._start_response(messages, self.options.audio_out, self.options.max_output_tokens,
-                                                     None, text, background=True)
+            self._speculation = await self._start_response(messages, self.options.audio_out,
+                                                           self.options.max_output_tokens, None, text, background=True)
         except p.ProtocolError as error:  # it will fail again at end of turn, and be reported then
             log.info("session %s: no speculative draft: %s", self.id, error.message)
 
     def _drop_speculation(self) -> None:
+        if self._drafting is not None:
+            self._drafting.cancel()  # a submit under way cancels its request once it returns
+            self._drafting = None
         if self._speculation is not None:
             self._discard(self._speculation)
             self._speculation = None
+        self._draft_text = ""
 
     def _discard(self, response: Response) -> None:
         response.cancel()
         self._spawn(self._forget_when_stopped(response), "forget")
 
     async def _respond_to_turn(self, clock: TurnClock) -> None:
-        messages = self.conversation.messages(self._system_prompt(self.options.instructions))
-        speculation, self._speculation = self._speculation, None
-        if speculation is not None and not speculation.cancelled and speculation.prompt_messages == messages:
-            log.info("session %s: reusing the speculative draft %s", self.id, speculation.id)
-            response = speculation
-        else:
-            if speculation is not None:
-                log.debug("session %s: speculative draft %s was for %r; drafting again", self.id, speculation.id,
-                          speculation.source_text)
-                self._discard(speculation)
-            try:
-                response = self._start_response(messages, self.options.audio_out, self.options.max_output_tokens,
-                                                None)
-            except p.ProtocolError as error:
-                await self.send_error(error)
+        async with self._start_lock:
+            if self._active is not None:  # a client's response.create came first
+                self._drop_speculation()
                 return
-        await self._activate(response, clock)
+            drafting = self._drafting
+            if drafting is not None and not drafting.done():
+                await asyncio.wait([drafting])  # a draft being submitted: its prompt is ready in ms
+            messages = self.conversation.messages(self._system_prompt(self.options.instructions))
+            speculation, self._speculation = self._speculation, None
+            if self._drafting is not None:
+                self._drafting.cancel()  # a newer draft, begun while this one was awaited
+            self._drafting, self._draft_text = None, ""
+            if speculation is not None and not speculation.cancelled and speculation.prompt_messages == messages:
+                log.info("session %s: reusing the speculative draft %s", self.id, speculation.id)
+                response = speculation
+            else:
+                if speculation is not None:
+                    log.debug("session %s: speculative draft %s was for %r; drafting again", self.id,
+                              speculation.id, speculation.source_text)
+                    self._discard(speculation)
+                try:
+                    response = await self._start_response(messages, self.options.audio_out,
+                                                          self.options.max_output_tokens, None)
+                except p.ProtocolError as error:
+                    await self.send_error(error)
+                    return
+            await self._activate(response, clock)
 
     # ---- responses --------------------------------------------------------------------------
 
-    def _start_response(self, messages: list[dict[str, str]], audio_out: bool, reply_tokens: int,
-                        event_id: str | None, source_text: str = "", background: bool = False) -> Response:
+    async def _start_response(self, messages: list[dict[str, str]], audio_out: bool, reply_tokens: int,
+                              event_id: str | None, source_text: str = "", background: bool = False) -> Response:
         """background: a speculative draft, which the engine steps only when no reply that is
         being heard needs the CPU (promoted when adopted)."""
-        from dllm_engine.request import EngineError, GenerationParams
+        from dllm_engine.request import GenerationParams
 
-        engine = self.models.engine
+        if not messages:
+            raise p.ProtocolError("response_failed", "nothing to respond to: the conversation is empty and the "
+                                  "instructions are empty", None, event_id)
         params = GenerationParams(max_new_tokens=reply_tokens, mode=self.settings.engine_mode,
                                   deadline_s=self.settings.reply_deadline_s, background=background)
+        handle = await self._submit(messages, reply_tokens, params, event_id)
         try:
-            handle = engine.submit(fit_to_context(messages, engine, reply_tokens), params)
+            response = Response(handle=handle, source_text=source_text or messages[-1]["content"],
+                                audio_out=audio_out, synthesizer=self.models.synthesizer,
+                                speculative_tts=self.settings.speculative_tts, speed=self.options.speed,
+                                inactivity_timeout_s=self.settings.response_inactivity_timeout_s)
+            response.prompt_messages = messages
+            self._responses.add(response)
+            response.start()
+        except BaseException:
+            handle.cancel()  # never leave an engine request that nobody reads
+            raise
+        return response
+
+    async def _submit(self, messages: list[dict[str, str]], reply_tokens: int, params: Any,
+                      event_id: str | None) -> Any:
+        """Trims the prompt to the context and submits it on a worker thread: the chat template
+        and the tokenizer never run on the event loop."""
+        from dllm_engine.request import EngineError
+
+        engine, fit = self.models.engine, self._fitter.fit
+        try:
+            return await submit_off_loop(lambda: engine.submit(fit(messages, reply_tokens), params))
         except (EngineError, ContextTooLong) as exc:
             raise p.ProtocolError("response_failed", f"the engine refused the request: {exc}", None, event_id) from exc
-        response = Response(handle=handle, source_text=source_text or messages[-1]["content"],
-                            audio_out=audio_out, synthesizer=self.models.synthesizer,
-                            speculative_tts=self.settings.speculative_tts, speed=self.options.speed)
-        response.prompt_messages = messages
-        self._responses.add(response)
-        response.start()
-        return response
 
     async def _activate(self, response: Response, clock: TurnClock) -> None:
         log.debug("session %s: %s adopted", self.id, response.id)
@@ -334,6 +397,7 @@ class Session:
         ids = {"response_id": response.id, "output_index": 0}
         response.sink = self._open_sink({**ids, "item_id": response.item.id, "content_index": 0})
         previous = self.conversation.add(response.item)
+        await announce_evictions(self.conversation, self._send)
         await self._send(p.server_event("response.created", response=response.response_shape("in_progress")))
         await self._send(p.server_event("response.output_item.added", **ids, item=response.item_event_shape()))
         await self._send(p.server_event("conversation.item.added", previous_item_id=previous,
@@ -424,3 +488,4 @@ class Session:
     def session_shape(self) -> dict[str, Any]:
         return self.options.shape(self.id, getattr(self.models.engine, "model_name", "unknown"),
                                   self.models.transcriber.model_name)
+

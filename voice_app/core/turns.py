@@ -19,7 +19,7 @@ import numpy as np
 
 from voice_app.audio.buffer import InputBuffer
 from voice_app.audio.pcm import ASR_RATE, StreamResampler, int16_to_float
-from voice_app.core.conversation import Conversation, ConversationItem, new_id
+from voice_app.core.conversation import Conversation, ConversationItem, announce_evictions, new_id
 from voice_app.core.end_of_turn import EndOfTurnJudge
 from voice_app.core.models import Models
 from voice_app.core.options import TurnDetection
@@ -33,6 +33,9 @@ MAX_UTTERANCE_S = 30  # a turn this long is committed even if the speaker goes o
 REUSE_MARGIN_SAMPLES = ASR_RATE // 10  # a transcript reaches 100 ms past the last speech: reusable
 FINAL_TAIL_SAMPLES = ASR_RATE // 5  # trailing silence Whisper gets after the last speech
 MIN_COMMIT_SAMPLES = ASR_RATE // 10  # input_audio_buffer.commit needs at least 100 ms
+INLINE_ANALYSIS_S = 0.25  # input up to this long is resampled and VAD-scored on the event loop
+ANALYSIS_SLICE_S = 0.5  # longer input: in slices this long, each on a worker thread
+ASR_SLOTS = 3  # decodes one session may have in the shared Whisper queue (a partial, a pause, a final)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Spawn = Callable[[Awaitable[Any], str], asyncio.Task]
@@ -102,16 +105,35 @@ class Listener:
         self._vad = models.vad.stream()
         self._detector = TurnDetector(rules)
         self._buffer = InputBuffer(max_samples=ASR_RATE * (MAX_UTTERANCE_S + 5))
+        self._input_lock = asyncio.Lock()  # input is analysed in arrival order, one slice at a time
+        self._asr_slots = asyncio.Semaphore(ASR_SLOTS)
+        self._decodes: set[asyncio.Task] = set()  # this session's Whisper jobs, cancelled on close
         self.turn: UserTurn | None = None
 
     # ---- input ------------------------------------------------------------------------------
 
     async def push_pcm16(self, samples: np.ndarray, rate: int) -> None:
+        """Input audio at any rate and of any length: a long chunk (one append may hold minutes)
+        is resampled and VAD-scored on a worker thread in slices, so no session waits on it and
+        each slice's turn events come in stream order."""
+        async with self._input_lock:
+            if len(samples) <= rate * INLINE_ANALYSIS_S:
+                await self._consume(*self._analyse(samples, rate))
+                return
+            step = int(rate * ANALYSIS_SLICE_S)
+            for offset in range(0, len(samples), step):
+                await self._consume(*await asyncio.to_thread(self._analyse, samples[offset:offset + step], rate))
+
+    def _analyse(self, samples: np.ndarray, rate: int) -> tuple[np.ndarray, list[float]]:
+        """16 kHz audio and its VAD probabilities (the resampler and VAD keep stream state)."""
         if rate not in self._resamplers:
             self._resamplers[rate] = StreamResampler(rate, ASR_RATE)
         audio = self._resamplers[rate].process(int16_to_float(samples))
+        return audio, self._vad.process(audio)
+
+    async def _consume(self, audio: np.ndarray, probs: list[float]) -> None:
         self._buffer.append(audio)
-        for prob in self._vad.process(audio):
+        for prob in probs:
             for turn_event in self._detector.feed(prob):
                 if self._rules.enabled:
                     await self._on_turn_event(turn_event)
@@ -133,7 +155,14 @@ class Listener:
                                   "the input audio buffer holds less than 100 ms of audio", None, event_id)
         turn = UserTurn(new_id("item"), self._buffer.start, time.monotonic())
         end = self._buffer.end
-        self._spawn(self._finish_turn(turn, end, TurnClock(speech_stopped_at=time.monotonic())), "commit")
+        audio = self._buffer.slice(turn.start_sample, end).copy()
+        self._buffer.drop_before(end)  # committed: a second commit finds the buffer empty
+        self._spawn(self._finish_turn(turn, end, audio, TurnClock(speech_stopped_at=time.monotonic())), "commit")
+
+    def close(self) -> None:
+        """The session ended: its queued Whisper jobs are dropped (a running one finishes unread)."""
+        for decode in list(self._decodes):
+            decode.cancel()
 
     def clear(self) -> None:
         """input_audio_buffer.clear: the buffered audio and the open turn are forgotten."""
@@ -167,16 +196,23 @@ class Listener:
         elif turn_event.kind == "speech_stopped" and self.turn is not None:
             turn, self.turn = self.turn, None
             clock = TurnClock(speech_stopped_at=time.monotonic())
+            # copied now: the rest of this append, and later ones, trim the buffer before the
+            # final transcript may need it
+            audio = self._buffer.slice(turn.start_sample, turn_event.sample + FINAL_TAIL_SAMPLES).copy()
             await self._send(p.server_event("input_audio_buffer.speech_stopped", item_id=turn.item_id,
                                             audio_end_ms=turn_event.sample * 1000 // ASR_RATE))
-            self._spawn(self._finish_turn(turn, turn_event.sample, clock), "finish-turn")
+            self._spawn(self._finish_turn(turn, turn_event.sample, audio, clock), "finish-turn")
 
     async def _transcribe(self, turn: UserTurn, end: int) -> str:
         """Transcribes the turn's audio up to `end`; remembered so the final transcript can
-        reuse it. Shielded: a cancelled caller does not waste a decode another may need."""
+        reuse it. Shielded: a cancelled caller does not waste a decode another may need. Once the
+        buffer no longer holds the turn's start (the turn ended and input went on), a decode
+        would hear only part of it: none is made, so none can stand in for the final one."""
+        if self._buffer.start > turn.start_sample:
+            return ""
         audio = self._buffer.slice(turn.start_sample, end)
         started = time.monotonic()
-        task = asyncio.ensure_future(self._transcriber.transcribe(audio))
+        task = self._start_decode(audio)
         turn.transcriptions = turn.transcriptions[-3:] + [(end, task)]
         text = await asyncio.shield(task)
         log.debug("session %s: %.1f s of speech transcribed in %.0f ms: %r", self._session_id,
@@ -209,6 +245,8 @@ class Listener:
         """A short silence: draft a reply to the words so far and, for semantic_vad, ask whether
         they sound finished; if so (and nothing was said since) the turn ends after
         COMPLETE_SILENCE_MS instead of the eagerness's limit."""
+        if turn is not self.turn:
+            return  # it ended while this task waited to run: the final transcript answers it
         speech_end = self._detector.last_speech_sample
         covering = turn.transcription_covering(speech_end + REUSE_MARGIN_SAMPLES)
         try:
@@ -225,27 +263,37 @@ class Listener:
             if stop is not None:
                 await self._on_turn_event(stop)
 
-    async def _final_transcript(self, turn: UserTurn, end: int) -> str:
+    def _start_decode(self, audio: np.ndarray, final: bool = False) -> asyncio.Task:
+        task = asyncio.ensure_future(self._decode(audio, final))
+        self._decodes.add(task)
+        task.add_done_callback(self._decodes.discard)
+        return task
+
+    async def _decode(self, audio: np.ndarray, final: bool) -> str:
+        async with self._asr_slots:  # one session cannot fill the queue every session shares
+            return await self._transcriber.transcribe(audio, final=final)
+
+    async def _final_transcript(self, turn: UserTurn, end: int, audio: np.ndarray) -> str:
         covering = turn.transcription_covering(end + REUSE_MARGIN_SAMPLES)
         if covering is not None:
             try:
                 return await asyncio.shield(covering)  # it already heard all of the speech
             except Exception:
                 log.exception("session %s: reusable transcription failed; decoding again", self._session_id)
-        return await self._transcriber.transcribe(
-            self._buffer.slice(turn.start_sample, end + FINAL_TAIL_SAMPLES), final=True)
+        return await self._start_decode(audio, final=True)
 
-    async def _finish_turn(self, turn: UserTurn, end: int, clock: TurnClock) -> None:
+    async def _finish_turn(self, turn: UserTurn, end: int, audio: np.ndarray, clock: TurnClock) -> None:
+        """`audio`: the turn's samples (with a short tail of silence), copied when it ended."""
         user_item = ConversationItem(turn.item_id, "user", audio=True, status="in_progress")
         previous = self._conversation.add(user_item)
+        await announce_evictions(self._conversation, self._send)
         await self._send(p.server_event("input_audio_buffer.committed", item_id=turn.item_id,
                                         previous_item_id=previous))
         await self._send(p.server_event("conversation.item.added", previous_item_id=previous,
                                         item=p.message_item(user_item.id, "user", "", "in_progress", True)))
-        transcript = await self._final_transcript(turn, end)
+        transcript = await self._final_transcript(turn, end, audio)
         clock.transcript_at = time.monotonic()
         user_item.text, user_item.status = transcript, "completed"
-        self._buffer.drop_before(min(end, self.turn.start_sample if self.turn else end))
         await self._send(p.server_event(
             "conversation.item.input_audio_transcription.completed", item_id=turn.item_id, content_index=0,
             transcript=transcript, usage={"type": "duration", "seconds": round((end - turn.start_sample) / ASR_RATE, 3)}))

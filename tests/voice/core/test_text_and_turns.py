@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from voice_app.core.conversation import ContextTooLong, Conversation, ConversationItem, SpokenPiece, fit_to_context
+from voice_app.core.conversation import ContextFitter, ContextTooLong, Conversation, ConversationItem, SpokenPiece
 from voice_app.core.local_agreement import LocalAgreement
 from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.models import VAD_WINDOW
@@ -106,11 +106,19 @@ def test_heard_text_of_a_truncated_item():
     assert item.text_heard_until(5000) == "One two. Three four five six."
 
 
-class _WordCounter:
+class _TemplateCounter:
+    """Words as tokens, rendered the way a chat template renders them: a fixed header, two
+    tokens of markup around each message. Counts the words it is asked to tokenize."""
+
     max_context_tokens = 30
 
+    def __init__(self) -> None:
+        self.words_tokenized = 0
+
     def count_tokens(self, messages):
-        return sum(len(m["content"].split()) for m in messages)
+        words = sum(len(m["content"].split()) for m in messages)
+        self.words_tokenized += words
+        return 3 + words + 2 * len(messages)
 
 
 def test_history_is_trimmed_oldest_first_to_fit_the_context():
@@ -118,13 +126,47 @@ def test_history_is_trimmed_oldest_first_to_fit_the_context():
     for i in range(6):
         conversation.add(ConversationItem(f"u{i}", "user", f"question {i} " + "word " * 3))
         conversation.add(ConversationItem(f"a{i}", "assistant", f"answer {i}"))
-    messages = fit_to_context(conversation.messages("be brief"), _WordCounter(), reply_tokens=10)
+    counter = _TemplateCounter()
+    messages = ContextFitter(counter).fit(conversation.messages("be brief"), reply_tokens=10)
     assert messages[0] == {"role": "system", "content": "be brief"}
     assert messages[-1]["content"] == "answer 5"
-    assert _WordCounter().count_tokens(messages) <= 20
-    assert len(messages) < 13
+    assert counter.count_tokens(messages) <= 20
+    all_messages = conversation.messages("be brief")
+    one_more = all_messages[:1] + all_messages[-len(messages):]  # the kept turns and the one before
+    assert counter.count_tokens(one_more) > 20, "the newest turns that fit, and no fewer"
     with pytest.raises(ContextTooLong, match="tokens"):
-        fit_to_context([{"role": "user", "content": "word " * 40}], _WordCounter(), reply_tokens=10)
+        ContextFitter(counter).fit([{"role": "user", "content": "word " * 40}], reply_tokens=10)
+    assert ContextFitter(counter, context_tokens=20).context_tokens == 20
+    assert ContextFitter(counter, context_tokens=4096).context_tokens == 30, "never past the model's context"
+
+
+def test_fitting_a_long_history_tokenizes_each_message_once():
+    """The trim walks a running sum of per-message costs, remembered by text: thousands of
+    items cost linear tokenizer work, not a re-render of the whole prompt per dropped turn."""
+    counter = _TemplateCounter()
+    counter.max_context_tokens = 4096
+    fitter = ContextFitter(counter)
+    messages = [{"role": "user" if i % 2 else "assistant", "content": f"turn {i} " + "word " * 200}
+                for i in range(2000)]
+    history_words = sum(len(m["content"].split()) for m in messages)
+    kept = fitter.fit(messages, reply_tokens=64)
+    assert kept[-1] == messages[-1] and 10 < len(kept) < 25
+    assert counter.words_tokenized <= 3 * history_words + 4 * 4096  # [m, m] and [m] once each, a final check
+    counter.words_tokenized = 0
+    fitter.fit(messages + [{"role": "user", "content": "one more"}], reply_tokens=64)
+    assert counter.words_tokenized <= 3 * 4096, "a redraft re-counts only the kept prompt"
+
+
+def test_history_is_capped_and_announces_what_it_forgets():
+    conversation = Conversation(max_items=10, max_chars=1000)
+    in_progress = ConversationItem("speaking", "user", status="in_progress")
+    conversation.add(in_progress)
+    for i in range(30):
+        conversation.add(ConversationItem(f"i{i}", "user", f"message {i}"))
+    assert len(conversation.items) == 10 and conversation.items[0] is in_progress, "an item being written stays"
+    assert conversation.take_evicted() == [f"i{i}" for i in range(21)] and conversation.take_evicted() == []
+    conversation.add(ConversationItem("big", "user", "x" * 995))
+    assert [item.id for item in conversation.items] == ["speaking", "big"]
 
 
 def test_metrics_render_prometheus_text():
@@ -137,3 +179,17 @@ def test_metrics_render_prometheus_text():
     assert 'voice_speech_stopped_to_first_audio_ms_bucket{le="+Inf"} 2' in text
     assert "voice_speech_stopped_to_first_audio_ms_count 2" in text
     assert "voice_live_sessions 3" in text
+
+
+def test_a_cut_off_reply_shows_the_engine_only_its_whole_sentences():
+    conversation = Conversation()
+    conversation.add(ConversationItem("item_1", "user", "Tell me a story about a dragon."))
+    conversation.add(ConversationItem("item_2", "assistant", "Once upon a time there was a dragon. The dragon, a",
+                                      audio=True, status="incomplete"))
+    conversation.add(ConversationItem("item_3", "user", "Stop. What is two plus two?"))
+    messages = conversation.messages("Be brief.")
+    assert messages[2] == {"role": "assistant", "content": "Once upon a time there was a dragon."}
+    assert messages[-1] == {"role": "user", "content": "Stop. What is two plus two?"}  # the prompt ends with it
+    assert conversation.items[1].text.endswith("The dragon, a")  # the history keeps what was heard
+    conversation.items[1].text = "Once upon a"  # cut before the first sentence ended: left out
+    assert [m["role"] for m in conversation.messages("Be brief.")] == ["system", "user", "user"]
