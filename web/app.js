@@ -4,7 +4,7 @@
 
 import { AudioIO, WIRE_RATE, base64ToPcm16, pcm16ToBase64 } from "./audio.js";
 import { AssistantReply, ConversationView, UserUtterance } from "./conversation.js";
-import { RealtimeConnection, realtimeUrl } from "./realtime.js";
+import { RealtimeConnection, realtimeProtocols, realtimeUrl } from "./realtime.js";
 
 const $ = (role) => document.querySelector(`[data-role="${role}"]`);
 
@@ -48,7 +48,7 @@ class VoicePage {
       onEvent: (event) => this.onServerEvent(event),
       onStatus: (status, detail) => this.onConnectionStatus(status, detail),
       onOpen: () => this.onOpen(),
-    });
+    }, realtimeProtocols(window.location));
     this.utterances = new Map();
     this.replies = new Map();
     this.currentResponseId = null;

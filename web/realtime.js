@@ -9,14 +9,25 @@ export function realtimeUrl(pageLocation) {
   return `${scheme}//${pageLocation.host}/v1/realtime`;
 }
 
+/**
+ * Subprotocols for the socket: a server started with an API token is opened as
+ * http://HOST:PORT/#token=TOKEN, and the page hands the token over the way the openai SDK does
+ * in browsers (the fragment never leaves the browser).
+ */
+export function realtimeProtocols(pageLocation) {
+  const token = new URLSearchParams(pageLocation.hash.slice(1)).get("token");
+  return token ? ["realtime", `openai-insecure-api-key.${token}`] : ["realtime"];
+}
+
 export class RealtimeConnection {
   /**
    * @param {string} url
    * @param {{onEvent: (event: object) => void, onStatus: (status: string, detail?: string) => void, onOpen: () => void}} handlers
    *   status is one of "connecting", "open", "reconnecting".
    */
-  constructor(url, { onEvent, onStatus, onOpen }) {
+  constructor(url, { onEvent, onStatus, onOpen }, protocols = undefined) {
     this.url = url;
+    this.protocols = protocols;
     this.onEvent = onEvent;
     this.onStatus = onStatus;
     this.onOpen = onOpen;
@@ -33,7 +44,7 @@ export class RealtimeConnection {
   connect() {
     clearTimeout(this.retryTimer);
     this.onStatus(this.everOpened ? "reconnecting" : "connecting");
-    const socket = new WebSocket(this.url);
+    const socket = new WebSocket(this.url, this.protocols);
     this.socket = socket;
     socket.onopen = () => {
       this.retryMs = FIRST_RETRY_MS;

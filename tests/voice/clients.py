@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from typing import Any, Callable
 
 import numpy as np
@@ -96,3 +97,75 @@ class SdkClient:
 
     def of_type(self, event_type: str) -> list:
         return [e for e in self.events if e.type == event_type]
+
+
+class PacedClient:
+    """A websocket client that reads its socket at a set pace (bytes a second; 0: not at all),
+    with a small receive buffer, so the server meets a slow or stalled reader at the TCP level
+    (a phone on a bad network, a frozen tab): websockets' sans-I/O protocol on a raw socket."""
+
+    def __init__(self, url: str, read_bytes_per_s: float | None = None, receive_buffer: int = 4096):
+        from websockets.client import ClientProtocol
+        from websockets.uri import parse_uri
+
+        self.uri = parse_uri(url)
+        self.protocol = ClientProtocol(self.uri, max_size=None)
+        self.read_bytes_per_s = read_bytes_per_s  # None: as fast as it comes
+        self.receive_buffer = receive_buffer
+        self.bytes_read = 0
+        self._feed: EventFeed[dict[str, Any]] = EventFeed()
+        self.events = self._feed.items
+        self._reading = asyncio.Event()
+        self._reading.set()
+
+    async def open(self) -> "PacedClient":
+        import socket
+
+        loop = asyncio.get_running_loop()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.receive_buffer)
+        self.sock.setblocking(False)
+        await loop.sock_connect(self.sock, (self.uri.host, self.uri.port))
+        self.protocol.send_request(self.protocol.connect())
+        await self._flush()
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    def stop_reading(self) -> None:
+        self._reading.clear()
+
+    async def send(self, event: dict[str, Any]) -> None:
+        self.protocol.send_text(json.dumps(event).encode())
+        await self._flush()
+
+    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 60.0,
+                       start: int = 0) -> dict[str, Any]:
+        return await first_match(self._feed, predicate, timeout_s, start, lambda: [e["type"] for e in self.events])
+
+    def close(self) -> None:
+        self._reader.cancel()
+        self.sock.close()
+
+    async def _flush(self) -> None:
+        data = b"".join(self.protocol.data_to_send())
+        if data:
+            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+
+    async def _read(self) -> None:
+        from websockets.frames import Frame, Opcode
+
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._reading.wait()
+            chunk = await loop.sock_recv(self.sock, 1024 if self.read_bytes_per_s else 65536)
+            if not chunk:
+                self._feed.end(ConnectionError("the server closed the connection"))
+                return
+            self.bytes_read += len(chunk)
+            self.protocol.receive_data(chunk)
+            for received in self.protocol.events_received():
+                if isinstance(received, Frame) and received.opcode == Opcode.TEXT:
+                    self._feed.append(json.loads(received.data))
+            await self._flush()  # pongs and the closing handshake
+            if self.read_bytes_per_s:
+                await asyncio.sleep(len(chunk) / self.read_bytes_per_s)

@@ -56,3 +56,23 @@ def voice_server(engine, speech_models):
     server = BackgroundServer(Settings(port=0, max_sessions=3, web_dir=str(ROOT / "web")), models).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def make_server(voice_server):
+    """More real servers on free ports, sharing the session's models, each with its own settings
+    (`make_server(send_timeout_s=2)`); stopped after the test."""
+    from voice_app.realtime.server import BackgroundServer
+    from voice_app.settings import Settings
+
+    started = []
+
+    def make(models=None, **settings):
+        defaults = {"port": 0, "max_sessions": 3, "web_dir": str(ROOT / "web"), "turn_detection": "server_vad"}
+        server = BackgroundServer(Settings(**{**defaults, **settings}), models or voice_server.voice_server.models)
+        started.append(server.start())
+        return server
+
+    yield make
+    for server in started:
+        server.stop()

@@ -60,6 +60,7 @@ class Response:
         self._speed = speed
         self._inactivity_timeout_s = inactivity_timeout_s  # no engine update this long: failed
         self._audio_ahead = asyncio.Semaphore(AUDIO_AHEAD_SENTENCES)
+        self.audio_waiting = 0  # synthesised sentences the speaker has not taken yet (<= AUDIO_AHEAD_SENTENCES)
         self.sink: AudioSink | None = None  # the listener's player, set by the session on activation
         self._adopted = asyncio.Event()
         self._outbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -199,6 +200,7 @@ class Response:
             log.debug("response %s: synthesized %.1f s of speech in %.0f ms", self.id, len(samples) / WIRE_RATE,
                       (time.monotonic() - started) * 1000)
             synthesized += 1
+            self.audio_waiting += 1
             self._outbox.put_nowait(("audio", (sentence, samples)))
         self._outbox.put_nowait(("end", None))
 
@@ -220,6 +222,7 @@ class Response:
                     await self._send_draft(self.last_update)
                 elif kind == "audio":
                     self._audio_ahead.release()
+                    self.audio_waiting -= 1
                     await self._send_sentence_audio(ids, *payload)
                 elif kind == "text":
                     self.spoken_text = f"{self.spoken_text} {payload}".strip()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -83,6 +84,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--plot", type=Path, help="write latency distributions per load level as a PNG here")
     parser.add_argument("--piper-voice", help="Piper voice for `say` turns (default: the server's default voice)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR, help="synthesised utterances")
+    parser.add_argument("--api-key", default=os.environ.get("VOICE_APP_API_TOKEN"),
+                        help="the server's API token, if it has one (default: $VOICE_APP_API_TOKEN)")
     parser.add_argument("--log-level", default="WARNING")
     parser.set_defaults(run=run_loadtest)
 
@@ -113,13 +116,15 @@ def run_loadtest(args: argparse.Namespace) -> int:
 
     audio = utterance_audio(script, args.piper_voice or default_piper_voice(), args.cache_dir)
     options = RunOptions(url=args.url, frame_ms=args.frame_ms, speed=args.speed, stagger_ms=args.stagger_ms,
-                         turns=args.turns, duration_s=args.duration, turn_timeout_s=args.turn_timeout)
+                         turns=args.turns, duration_s=args.duration, turn_timeout_s=args.turn_timeout,
+                         api_key=args.api_key)
     levels = asyncio.run(run_ramp(args.ramp or [args.sessions], script, audio, options))
     print(format_table(levels))
     for level in levels:
         for error in level["errors"]:
             print(f"  [{level['sessions']} sessions] {error}")
-    report = {"url": args.url, "script": script.name, "options": asdict(options), "levels": levels}
+    shown = {k: v for k, v in asdict(options).items() if k != "api_key"}  # a report never holds the key
+    report = {"url": args.url, "script": script.name, "options": shown, "levels": levels}
     if args.report is not None:
         args.report.write_text(json.dumps(report, indent=2))
     if args.plot is not None:

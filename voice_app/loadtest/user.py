@@ -104,6 +104,7 @@ class RunOptions:
     turns: int | None = None
     duration_s: float | None = None
     turn_timeout_s: float = 120.0
+    api_key: str | None = None  # for a server started with an API token (sent as a bearer token)
 
 
 def playback_end(events: list[ReceivedEvent], response_id: str, speed: float) -> float:
@@ -144,7 +145,9 @@ class SimulatedUser:
 
         await asyncio.sleep(self.index * self.options.stagger_ms / 1000.0)
         try:
-            async with connect(self.options.url, max_size=None, open_timeout=60, ping_interval=None) as websocket:
+            headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
+            async with connect(self.options.url, max_size=None, open_timeout=60, ping_interval=None,
+                               additional_headers=headers) as websocket:
                 self.conn = RealtimeConnection(websocket)
                 await self.conn.wait_for(of_type("session.created"), 0, 60, "session.created")
                 mic = Microphone(self.conn, self.options.frame_ms, self.options.speed)

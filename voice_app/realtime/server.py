@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import contextlib
 import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -21,8 +22,11 @@ from starlette.websockets import WebSocket
 
 from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.session import Session
-from voice_app.realtime.beta_dialect import client_event_to_ga, is_beta_client, server_event_to_beta
-from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER, ProtocolError
+from voice_app.realtime.access import AccessMiddleware, AccessPolicy, choose_subprotocol
+from voice_app.realtime.beta_dialect import client_event_to_ga, is_beta_client
+from voice_app.realtime.loop_lag import LoopLagMonitor
+from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER
+from voice_app.realtime.websocket_transport import WebSocketTransport
 from voice_app.settings import Settings
 from voice_app.speech.loaded_models import LoadedModels
 
@@ -42,6 +46,14 @@ class VoiceServer:
                                lambda: getattr(models.engine, "live_requests", 0))
         self.metrics.add_gauge("voice_tts_live_jobs", "Sentences being synthesised",
                                lambda: models.synthesizer.live_jobs)
+        self.metrics.add_gauge("voice_asr_live_jobs", "Transcriptions queued or running",
+                               lambda: getattr(models.transcriber, "live_jobs", 0))
+        self.metrics.add_gauge("voice_engine_alive", "1 while the engine's scheduler runs",
+                               lambda: float(self.engine_health()["alive"]))
+        self.loop_lag = LoopLagMonitor()
+        self.metrics.add_gauge("voice_event_loop_lag_max_ms", "Worst event-loop lag of the last 10 s (ms)",
+                               self.loop_lag.recent_max_ms)
+        self.access = AccessPolicy.from_settings(settings)  # who may connect: docs/security.md
 
     def app(self) -> Starlette:
         routes = [
@@ -50,68 +62,70 @@ class VoiceServer:
             WebSocketRoute("/v1/realtime", self.realtime),
             Mount("/", StaticFiles(directory=self.settings.web_dir, html=True, check_dir=False), name="web"),
         ]
-        return Starlette(routes=routes)
+        return Starlette(routes=routes, middleware=[Middleware(AccessMiddleware, policy=self.access)],
+                         lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.loop_lag.start()
+        yield
+        await self.loop_lag.stop()
+
+    def engine_health(self) -> dict[str, Any]:
+        """The engine's own report (alive, failure, seconds_since_last_step, ...) where it has one."""
+        health = getattr(self.models.engine, "health", None)
+        return health() if health is not None else {"alive": True}
 
     async def healthz(self, request: Request) -> JSONResponse:
+        """200 while the engine's scheduler runs, 503 once it has died (`engine.failure` says why)."""
+        engine = self.engine_health()
         return JSONResponse({
-            "ok": True,
+            "ok": bool(engine["alive"]),
+            "engine": engine,
             "models": self.models.describe(),
             "live_sessions": len(self.sessions),
             "max_sessions": self.settings.max_sessions,
             "engine_live_requests": getattr(self.models.engine, "live_requests", 0),
             "tts_live_jobs": self.models.synthesizer.live_jobs,
-        })
+            "asr_live_jobs": getattr(self.models.transcriber, "live_jobs", 0),
+            "event_loop_lag_ms": round(self.loop_lag.recent_max_ms(), 1),
+        }, status_code=200 if engine["alive"] else 503)
 
     async def prometheus(self, request: Request) -> PlainTextResponse:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def realtime(self, websocket: WebSocket) -> None:
         # The openai SDK sends ?model= and an Authorization header; browsers send API keys as
-        # subprotocols. No key is required here: the server is meant for a trusted network.
+        # subprotocols. AccessMiddleware has checked Host, Origin and (when set) the token.
         offered = websocket.scope.get("subprotocols") or []
-        subprotocol = "realtime" if "realtime" in offered else (offered[0] if offered else None)
-        await websocket.accept(subprotocol=subprotocol)
+        await websocket.accept(subprotocol=choose_subprotocol(offered))
         if len(self.sessions) >= self.settings.max_sessions:
             self.metrics.sessions_rejected.inc()
             await websocket.close(code=CLOSE_TRY_AGAIN_LATER,
                                   reason=f"server is at capacity ({self.settings.max_sessions} sessions); retry later")
             return
         beta = is_beta_client(dict(websocket.headers), offered)  # the pre-GA event names and fields
-
-        async def send(event: dict[str, Any]) -> None:
-            await websocket.send_text(json.dumps(server_event_to_beta(event) if beta else event))
-
-        session = Session(self.models, self.settings, send=send, metrics=self.metrics,
+        transport = WebSocketTransport(websocket, self.settings, beta)
+        session = Session(self.models, self.settings, send=transport.send, metrics=self.metrics,
                           translate_in=client_event_to_ga if beta else None)
         self.sessions.add(session)
         self.metrics.sessions_total.inc()
-        log.info("session %s opened (model=%s, %s dialect, %d live)", session.id,
-                 websocket.query_params.get("model"), "beta" if beta else "GA", len(self.sessions))
+        log.info("session %s opened (model=%r, %s dialect, %d live)", session.id,
+                 websocket.query_params.get("model", "")[:100], "beta" if beta else "GA", len(self.sessions))
         try:
             await session.start()
-            await self._pump(websocket, session)
+            await transport.pump(session)
         finally:
             self.sessions.discard(session)
             await session.close()
 
-    async def _pump(self, websocket: WebSocket, session: Session) -> None:
-        while not session.closed:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            if message.get("text") is not None:
-                await session.handle_text(message["text"])
-            else:
-                await session.send_error(ProtocolError(
-                    "invalid_event", "binary frames are not accepted; send JSON events as text frames"))
-
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
-    # Frames up to 4x the event limit reach the session, which answers with an `error` event;
-    # only beyond that does the websocket layer close the connection (code 1009).
+    # Frames up to twice the event limit (bytes) reach the session, which answers with an
+    # `error` event; only beyond that does the websocket layer close the connection (code 1009).
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                          ws_max_size=settings.max_message_bytes * 4 + 65536, ws_ping_interval=20,
-                          lifespan="off")
+                          ws_max_size=settings.max_message_bytes * 2 + 65536, ws_ping_interval=20,
+                          lifespan="on")
 
 
 def serve(settings: Settings) -> None:

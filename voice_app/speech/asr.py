@@ -54,6 +54,11 @@ class Transcriber:
         self._queued = 0
 
     @property
+    def live_jobs(self) -> int:
+        """Decodes queued or running, for /healthz and /metrics (0 once every session is gone)."""
+        return self._pool.live_jobs
+
+    @property
     def busy(self) -> bool:
         """True when every worker has a job waiting: partials should skip a beat."""
         with self._lock:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -53,11 +54,13 @@ class LoadedModels:
         self.engine.submit([{"role": "user", "content": "Hi."}], params).result()
 
     def describe(self) -> dict[str, str]:
+        """The models by name: file names only, never where this machine keeps them (/healthz
+        is readable by anyone who can reach the server)."""
         return {
-            "engine": str(getattr(self.engine, "model_name", type(self.engine).__name__)),
-            "asr": self.transcriber.model_name,
-            "tts": self.synthesizer.voice_path,
-            "vad": self.vad.path,
+            "engine": os.path.basename(str(getattr(self.engine, "model_name", type(self.engine).__name__))),
+            "asr": os.path.basename(self.transcriber.model_name.rstrip("/")),
+            "tts": os.path.basename(self.synthesizer.voice_path),
+            "vad": os.path.basename(self.vad.path),
         }
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ class PriorityPool:
         self._order = itertools.count()
         self._ready = threading.Condition()
         self._closed = False
+        self._live = 0  # jobs submitted and not yet finished or dropped
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
         for thread in self._threads:
             thread.start()
@@ -32,8 +33,15 @@ class PriorityPool:
             if self._closed:
                 raise RuntimeError("the pool is shut down")
             heapq.heappush(self._jobs, (key, next(self._order), future, function, args))
+            self._live += 1
             self._ready.notify()
         return future
+
+    @property
+    def live_jobs(self) -> int:
+        """Queued and running jobs (a cancelled one counts until a worker drops it)."""
+        with self._ready:
+            return self._live
 
     def _work(self) -> None:
         while True:
@@ -43,12 +51,19 @@ class PriorityPool:
                 if not self._jobs:  # closed and drained
                     return
                 _key, _order, future, function, args = heapq.heappop(self._jobs)
-            if not future.set_running_or_notify_cancel():
-                continue
             try:
-                future.set_result(function(*args))
-            except BaseException as exc:  # handed to the waiter, never kills the worker
-                future.set_exception(exc)
+                if future.set_running_or_notify_cancel():
+                    self._run(future, function, args)
+            finally:
+                with self._ready:
+                    self._live -= 1
+
+    @staticmethod
+    def _run(future: Future, function: Callable[..., Any], args: tuple) -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:  # handed to the waiter, never kills the worker
+            future.set_exception(exc)
 
     def shutdown(self) -> None:
         """Cancels the jobs not started; the running ones finish."""
@@ -56,5 +71,6 @@ class PriorityPool:
             self._closed = True
             for _key, _order, future, _function, _args in self._jobs:
                 future.cancel()
+            self._live -= len(self._jobs)
             self._jobs.clear()
             self._ready.notify_all()

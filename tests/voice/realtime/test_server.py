@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -22,16 +23,23 @@ def http_get(url: str) -> tuple[int, str]:
         return reply.status, reply.read().decode()
 
 
-def health(server) -> dict:
-    return json.loads(http_get(server.base_url + "/healthz")[1])
+def health(server, expect_status: int = 200) -> dict:
+    """/healthz's body; it answers 503 once the engine is dead."""
+    try:
+        status, body = http_get(server.base_url + "/healthz")
+    except urllib.error.HTTPError as error:
+        status, body = error.code, error.read().decode()
+    assert status == expect_status, body
+    return json.loads(body)
 
 
 async def wait_until_idle(server, timeout_s: float = 20.0) -> dict:
-    """Polls /healthz until no session, engine request or TTS job is left (or the time is up)."""
+    """Polls /healthz until no session, engine request, TTS or ASR job is left (or the time is up)."""
     deadline = time.monotonic() + timeout_s
     while True:
         state = health(server)
-        idle = state["live_sessions"] == 0 and state["engine_live_requests"] == 0 and state["tts_live_jobs"] == 0
+        idle = (state["live_sessions"], state["engine_live_requests"], state["tts_live_jobs"],
+                state.get("asr_live_jobs", 0)) == (0, 0, 0, 0)
         if idle or time.monotonic() > deadline:
             return state
         await asyncio.sleep(0.1)

@@ -49,10 +49,15 @@ def test_a_cancelled_or_shut_down_job_never_runs():
     assert started.wait(timeout=10)
     cancelled = pool.submit(1.0, ran.append, "cancelled")
     dropped = pool.submit(2.0, ran.append, "dropped at shutdown")
-    assert cancelled.cancel()
+    assert cancelled.cancel() and pool.live_jobs == 3  # the live-jobs gauge counts queued and running
     pool.shutdown()
     gate.set()
     blocker.result(timeout=10)  # the running job finishes
     assert dropped.cancelled() and ran == []
+    for _ in range(100):
+        if pool.live_jobs == 0:
+            break
+        threading.Event().wait(0.01)  # the worker drops its count right after setting the result
+    assert pool.live_jobs == 0
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit(0.0, ran.append, "too late")
