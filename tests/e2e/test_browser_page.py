@@ -168,3 +168,49 @@ def test_typed_question_gets_a_spoken_reply_on_a_phone_screen(open_page) -> None
 
     if UPDATE_SCREENSHOTS:
         page.screenshot(path=str(SCREENSHOT_DIR / "screenshot-phone.png"))
+
+
+def test_the_page_works_under_localhost_and_a_page_from_another_origin_cannot_connect(
+        launch_browser, voice_server: str, question_wav: Path) -> None:
+    """Same-origin by default (docs/security.md): the server's own page connects whichever
+    loopback name it was opened under; a page served elsewhere, open in the same browser, is
+    refused at the handshake and never gets a session."""
+    import http.server
+    import threading
+
+    context = launch_browser(question_wav).new_context()
+    try:
+        own = context.new_page()
+        own.goto(voice_server.replace("127.0.0.1", "localhost"))
+        own.wait_for_function("window.voiceStats && window.voiceStats.connection === 'open'")
+        own.close()
+
+        target = voice_server.replace("http://", "ws://") + "/v1/realtime"
+        page_html = f"""<script>
+          window.outcome = new Promise((resolve) => {{
+            const socket = new WebSocket({target!r});
+            socket.onmessage = (m) => resolve("message: " + m.data.slice(0, 40));
+            socket.onclose = (c) => resolve("closed " + c.code);
+          }});
+        </script>""".encode()
+
+        class OtherSite(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(page_html)
+
+            def log_message(self, *args):
+                pass
+
+        other = http.server.HTTPServer(("127.0.0.1", 0), OtherSite)
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        try:
+            page = context.new_page()
+            page.goto(f"http://127.0.0.1:{other.server_port}/")
+            assert page.evaluate("window.outcome") == "closed 1006"  # refused before any event
+        finally:
+            other.shutdown()
+    finally:
+        context.close()
