@@ -83,6 +83,7 @@ class VoiceMetrics:
             "voice_tokens_per_forward", "Engine tokens per forward pass, per response",
             buckets=(0.5, 1, 1.5, 2, 3, 4, 6, 8, 16))
         self._gauges: list[Gauge] = []
+        self._added: list[Counter] = []  # counters of other transports (the chat API)
 
     def observe_turn(self, report: dict[str, Any], first_report: bool = True) -> None:
         """Records one x_turn.metrics report; a repeated report (barge-in after the response
@@ -103,8 +104,13 @@ class VoiceMetrics:
     def add_gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         self._gauges.append(Gauge(name, help_text, read))
 
+    def add_counter(self, name: str, help_text: str) -> Counter:
+        counter = Counter(name, help_text)
+        self._added.append(counter)
+        return counter
+
     def render(self) -> str:
         metrics = [self.sessions_total, self.sessions_rejected, self.turns_total, self.barge_ins_total,
                    self.client_errors_total, self.transcript_ms, self.first_draft_ms,
-                   self.first_audio_ms, self.barge_in_ms, self.tokens_per_forward, *self._gauges]
+                   self.first_audio_ms, self.barge_in_ms, self.tokens_per_forward, *self._added, *self._gauges]
         return "\n".join(line for metric in metrics for line in metric.render()) + "\n"

@@ -1,5 +1,6 @@
-"""The HTTP server: the web page at `/`, the realtime websocket at `/v1/realtime`, `/healthz`,
-`/metrics`. Starlette on uvicorn (whose websockets run on the `websockets` package)."""
+"""The HTTP server: the web page at `/`, the realtime websocket at `/v1/realtime`, OpenAI's
+text API (`/v1/chat/completions`, `/v1/models`: chat_api.py), `/healthz`, `/metrics`.
+Starlette on uvicorn (whose websockets run on the `websockets` package)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.session import Session
 from voice_app.realtime.access import AccessMiddleware, AccessPolicy, choose_subprotocol
 from voice_app.realtime.beta_dialect import client_event_to_ga, is_beta_client
+from voice_app.realtime.chat_api import ChatApi
 from voice_app.realtime.loop_lag import LoopLagMonitor
 from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER
 from voice_app.realtime.websocket_transport import WebSocketTransport
@@ -54,12 +56,15 @@ class VoiceServer:
         self.metrics.add_gauge("voice_event_loop_lag_max_ms", "Worst event-loop lag of the last 10 s (ms)",
                                self.loop_lag.recent_max_ms)
         self.access = AccessPolicy.from_settings(settings)  # who may connect: docs/security.md
+        # OpenAI's text API on the same engine, so one batch serves voice and text
+        self.chat_api = ChatApi(models.engine, settings, self.metrics)
 
     def app(self) -> Starlette:
         routes = [
             Route("/healthz", self.healthz),
             Route("/metrics", self.prometheus),
             WebSocketRoute("/v1/realtime", self.realtime),
+            *self.chat_api.routes(),
             Mount("/", StaticFiles(directory=self.settings.web_dir, html=True, check_dir=False), name="web"),
         ]
         return Starlette(routes=routes, middleware=[Middleware(AccessMiddleware, policy=self.access)],
