@@ -6,16 +6,15 @@ limits with a reason, and churn leaves no engine, TTS or ASR work behind. The lo
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 
-import numpy as np
 import pytest
 import websockets
 
 from voice_app.core.response import AUDIO_AHEAD_SENTENCES
+from voice_app.loadtest.fuzz import churn
 
-from ..clients import PacedClient, silence
+from ..clients import PacedClient
 from .test_server import health, wait_until_idle
 
 pytestmark = pytest.mark.slow
@@ -107,19 +106,7 @@ async def test_idle_and_overlong_sessions_end_with_a_reason(make_server):
 
 async def test_connect_speak_disconnect_churn_leaves_no_work_behind(make_server, test_audio):
     server = make_server(max_sessions=4)
-    speech = np.concatenate([test_audio["question"], silence(0.8)]).astype("<i2").tobytes()
-    chunk = 2 * 2400  # 100 ms
-    for cycle in range(12):
-        async with websockets.connect(ws_url(server)) as ws:
-            await ws.recv()
-            cut_at = len(speech) * (cycle % 4 + 1) // 4  # leave mid-speech, at its end, or later
-            for offset in range(0, cut_at, chunk):
-                await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": base64.b64encode(speech[offset:offset + chunk]).decode()}))
-            if cycle % 3 == 0:
-                await asyncio.sleep(1.5)  # let a reply start before leaving
-            if cycle % 2:
-                ws.transport.abort()  # gone without a closing handshake
+    assert await churn(ws_url(server), test_audio["question"], cycles=12) == 0
     state = await wait_until_idle(server, timeout_s=90)
     assert (state["live_sessions"], state["engine_live_requests"], state["tts_live_jobs"], state["asr_live_jobs"]) \
         == (0, 0, 0, 0), state
