@@ -84,7 +84,14 @@ class Settings(BaseSettings):
     silence_duration_ms: int = Field(500, ge=32, le=10000)
     partial_interval_ms: int = Field(250, ge=50, le=5000)
     draft_pause_ms: int = Field(160, ge=32, le=5000)  # a pause this long starts a speculative draft
-    barge_in_min_speech_ms: int = Field(64, ge=0, le=5000)
+    barge_in_min_speech_ms: int = Field(64, ge=0, le=5000)  # speech over a reply that pauses it
+    barge_in_sure_ms: int = Field(1200, ge=0, le=10000)  # speech this long over a paused reply cuts it at once
+    # a reply talked over by a cough or a bare "mm-hmm" carries on where it stopped; off: any
+    # speech over a reply cuts it
+    resume_false_interruptions: bool = True
+    # reply audio goes out at most this far ahead of playback (0: as fast as it is made): the
+    # reply stays in progress while it plays, so it can be paused and resumed
+    audio_lead_ms: int = Field(1500, ge=0, le=600000)
     speculative_tts: bool = True  # synthesize a speculative draft's first sentences early
 
     @field_validator("allowed_origins", "allowed_hosts", mode="before")

@@ -121,10 +121,18 @@ class ScriptedSink:
         self.pushed_samples = 0
         self.pushed_after_clear = 0
         self.cleared_at_ms: float | None = None
+        self._pushed = asyncio.Event()
 
     async def push(self, chunk: np.ndarray) -> None:
         self.pushed_samples += len(chunk)
         self.pushed_after_clear += self.cleared_at_ms is not None
+        self._pushed.set()
+
+    async def wait_pushed(self, samples: int) -> None:
+        """Until at least this many samples were pushed (in all, replays included)."""
+        while self.pushed_samples < samples:
+            self._pushed.clear()
+            await asyncio.wait_for(self._pushed.wait(), 10)
 
     def heard_ms(self) -> float:
         if self.cleared_at_ms is not None:

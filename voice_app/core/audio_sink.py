@@ -28,7 +28,8 @@ class AudioSink(Protocol):
         """Audio pushed but not heard yet (0 once cleared)."""
 
     def clear(self) -> float:
-        """Drops the audio not played yet; returns heard_ms at that moment."""
+        """Drops the audio not played yet; returns heard_ms at that moment. Audio pushed after
+        a clear plays on from there (a paused reply resumed)."""
 
 
 # the transport's factory: the response's ids (response_id, item_id, output_index,
@@ -52,11 +53,14 @@ class WireAudioSink:
         self._send = send
         self._ids = ids
         self._clock = clock
-        self._sent = 0  # samples
+        self._base_ms = 0.0  # heard before the last clear
+        self._sent = 0  # samples since then
         self._started_at: float | None = None
         self._cleared_at_ms: float | None = None
 
     async def push(self, chunk: np.ndarray) -> None:
+        if self._cleared_at_ms is not None:  # a resumed reply: playback restarts where it stopped
+            self._base_ms, self._sent, self._started_at, self._cleared_at_ms = self._cleared_at_ms, 0, None, None
         if self._started_at is None:
             self._started_at = self._clock()
         await self._send(server_event("response.output_audio.delta", **self._ids, delta=encode_base64_pcm16(chunk)))
@@ -66,11 +70,11 @@ class WireAudioSink:
         if self._cleared_at_ms is not None:
             return self._cleared_at_ms
         if self._started_at is None:
-            return 0.0
-        return min(ms_of(self._sent), (self._clock() - self._started_at) * 1000.0)
+            return self._base_ms
+        return self._base_ms + min(ms_of(self._sent), (self._clock() - self._started_at) * 1000.0)
 
     def left_ms(self) -> float:
-        return 0.0 if self._cleared_at_ms is not None else ms_of(self._sent) - self.heard_ms()
+        return 0.0 if self._cleared_at_ms is not None else self._base_ms + ms_of(self._sent) - self.heard_ms()
 
     def clear(self) -> float:
         """The session tells the client to drop its queue (output_audio_buffer.cleared)."""

@@ -4,8 +4,8 @@ The LLM already resident in the engine answers it: the probability that the user
 (the chat template's end-of-turn token) right after the transcript, in the conversation so
 far: one pass over a prompt whose head the prefix cache usually holds. SmolLM2 reads the
 punctuation Whisper writes, so "What is the capital of France?" scores ~0.6 and "What is the
-capital of" ~0.0. A verdict that does not come in time (a busy engine) counts as unfinished:
-the turn then ends at the eagerness's longer silence, never early.
+capital of" ~0.0. Without a verdict in time (a busy engine) the turn ends at server_vad's
+silence window.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from voice_app.core.offload import submit_off_loop
 
 log = logging.getLogger(__name__)
 
-VERDICT_TIMEOUT_S = 0.4  # a verdict later than this is not worth waiting for
+VERDICT_TIMEOUT_S = 1.0  # a verdict later than this is not worth waiting for
 
 
 class EndOfTurnJudge:
@@ -35,9 +35,10 @@ class EndOfTurnJudge:
         """A new turn: earlier verdicts were about another context."""
         self._cache.clear()
 
-    async def sounds_finished(self, transcript: str) -> bool:
+    async def sounds_finished(self, transcript: str) -> bool | None:
+        """True or False, or None when the engine could not say in time."""
         probability = await self.probability(transcript)
-        return probability is not None and probability >= self.threshold
+        return None if probability is None else probability >= self.threshold
 
     async def probability(self, transcript: str) -> float | None:
         """p(end of turn | conversation, transcript); None when the engine cannot say in time."""

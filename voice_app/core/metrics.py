@@ -69,7 +69,9 @@ class VoiceMetrics:
         self.sessions_total = Counter("voice_sessions_total", "Sessions accepted")
         self.sessions_rejected = Counter("voice_sessions_rejected_total", "Sessions refused at capacity")
         self.turns_total = Counter("voice_turns_total", "User turns that got a response")
-        self.barge_ins_total = Counter("voice_barge_ins_total", "Responses cut off by user speech")
+        self.barge_ins_total = Counter("voice_barge_ins_total", "Responses talked over by user speech")
+        self.false_interruptions_total = Counter("voice_false_interruptions_total",
+                                                 "Responses talked over by no words or a backchannel, then resumed")
         self.client_errors_total = Counter("voice_client_errors_total", "Error events sent to clients")
         self.transcript_ms = Histogram(
             "voice_speech_stopped_to_transcript_ms", "End of speech to final transcript (ms)")
@@ -111,6 +113,6 @@ class VoiceMetrics:
 
     def render(self) -> str:
         metrics = [self.sessions_total, self.sessions_rejected, self.turns_total, self.barge_ins_total,
-                   self.client_errors_total, self.transcript_ms, self.first_draft_ms,
+                   self.false_interruptions_total, self.client_errors_total, self.transcript_ms, self.first_draft_ms,
                    self.first_audio_ms, self.barge_in_ms, self.tokens_per_forward, *self._added, *self._gauges]
         return "\n".join(line for metric in metrics for line in metric.render()) + "\n"

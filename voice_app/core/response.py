@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 AUDIO_CHUNK_SAMPLES = WIRE_RATE // 5  # 200 ms of audio per sink push (per response.output_audio.delta)
 SPECULATIVE_SENTENCES = 1  # sentences a speculative response may synthesise before adoption
 AUDIO_AHEAD_SENTENCES = 2  # synthesised sentences waiting to be sent: TTS pauses for a slow client
+# Audio is sent at most this far ahead of what the listener has heard: a reply stays in
+# progress while it plays, so talking over it can pause it and (a false interruption) resume
+# it, and a barge-in has little queued audio to drop. 0: send as fast as it is made.
+AUDIO_LEAD_MS = 1500
 
 
 class EngineSilent(Exception):
@@ -38,7 +42,8 @@ class EngineSilent(Exception):
 
 class Response:
     def __init__(self, *, handle: Any, source_text: str, audio_out: bool, synthesizer: Synthesizer,
-                 speculative_tts: bool, speed: float = 1.0, inactivity_timeout_s: float = 30.0):
+                 speculative_tts: bool, speed: float = 1.0, inactivity_timeout_s: float = 30.0,
+                 audio_lead_ms: float = AUDIO_LEAD_MS):
         self.id = new_id("resp")
         self.item = ConversationItem(id=new_id("item"), role="assistant", audio=audio_out,
                                      status="in_progress")
@@ -61,7 +66,12 @@ class Response:
         self._inactivity_timeout_s = inactivity_timeout_s  # no engine update this long: failed
         self._audio_ahead = asyncio.Semaphore(AUDIO_AHEAD_SENTENCES)
         self.audio_waiting = 0  # synthesised sentences the speaker has not taken yet (<= AUDIO_AHEAD_SENTENCES)
+        self._audio_lead_ms = audio_lead_ms
+        self._pcm: list[np.ndarray] = []  # every chunk sent to the sink, to replay after a pause
+        self._unpaused = asyncio.Event()  # cleared while the user talks over the reply
+        self._unpaused.set()
         self.sink: AudioSink | None = None  # the listener's player, set by the session on activation
+        self.paused_at_ms = 0.0  # the heard position when the user last talked over it
         self._adopted = asyncio.Event()
         self._outbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._sentences: asyncio.Queue[str | None] = asyncio.Queue()
@@ -255,12 +265,51 @@ class Response:
         assert self.sink is not None
         for offset in range(0, len(samples), AUDIO_CHUNK_SAMPLES):
             chunk = samples[offset : offset + AUDIO_CHUNK_SAMPLES]
+            await self._when_room_to_send()
             if self.clock.first_audio_at is None:
                 self.clock.first_audio_at = time.monotonic()
             if self.cancelled:  # not one more chunk once cut off
                 raise asyncio.CancelledError
             await self.sink.push(chunk)
+            self._pcm.append(chunk)
             self.audio_sent_samples += len(chunk)
+
+    async def _when_room_to_send(self) -> None:
+        """Not while paused, and no further than the lead ahead of what has been heard."""
+        assert self.sink is not None
+        while True:
+            await self._unpaused.wait()
+            ahead = self.sink.left_ms()
+            if self._audio_lead_ms <= 0 or ahead <= self._audio_lead_ms:
+                return
+            await asyncio.sleep(min(0.1, (ahead - self._audio_lead_ms) / 1000.0))
+
+    # ---- pause and resume (a false interruption) ------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return not self._unpaused.is_set()
+
+    def pause(self) -> float:
+        """The user talks over it: the listener's queued audio is dropped (the sink's clear) and
+        nothing more is sent, but the reply goes on being made. Returns the heard position."""
+        assert self.sink is not None
+        self._unpaused.clear()
+        self.paused_at_ms = self.sink.clear()
+        return self.paused_at_ms
+
+    async def resume(self) -> None:
+        """It was not a real interruption (no words, a backchannel): the audio sent but not
+        heard goes out again from where playback stopped, and the reply carries on."""
+        if not self.paused or self.cancelled or self.sink is None:
+            return
+        played = int(self.paused_at_ms * WIRE_RATE / 1000)
+        unheard = np.concatenate(self._pcm)[played:] if self._pcm else np.zeros(0, dtype=np.int16)
+        for offset in range(0, len(unheard), AUDIO_CHUNK_SAMPLES):
+            if self.cancelled:
+                return
+            await self.sink.push(unheard[offset:offset + AUDIO_CHUNK_SAMPLES])
+        self._unpaused.set()
 
     # ---- wire shapes ----------------------------------------------------------------------
 

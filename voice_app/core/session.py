@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any, Awaitable, Callable
 
@@ -37,6 +38,16 @@ from voice_app.realtime import protocol as p
 from voice_app.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# what people say to show they are listening, not to take the turn
+BACKCHANNELS = {"mm", "hmm", "mhm", "mm-hmm", "mmhmm", "uh-huh", "uh", "um", "yeah", "yes", "yep", "ok", "okay",
+                "right", "sure", "i", "see", "got", "it", "oh", "ah", "wow", "nice", "cool", "aha", "huh"}
+
+
+def is_false_interruption(transcript: str) -> bool:
+    """No words (a cough, a door), or a bare backchannel of at most three words."""
+    words = re.sub(r"[^a-z' -]+", " ", transcript.lower()).replace(" -", " ").split()
+    return len(words) <= 3 and all(word.strip("-") in BACKCHANNELS for word in words)
 
 LARGE_MESSAGE_CHARS = 1 << 20  # parsed on a worker thread, not the event loop (~1 ms a MiB)
 LARGE_AUDIO_CHARS = 1 << 16  # base64 decoded on a worker thread (~10 ms a MiB)
@@ -188,6 +199,8 @@ class Session:
     async def _on_input_audio_buffer_clear(self, event: p.InputAudioBufferClear) -> None:
         self.listener.clear()
         self._drop_speculation()
+        if self._active is not None and self._active.paused:  # the words that paused it are gone
+            self._spawn(self._active.resume(), "resume")
         await self._send(p.server_event("input_audio_buffer.cleared"))
 
     async def _on_conversation_item_create(self, event: p.ConversationItemCreate) -> None:
@@ -253,25 +266,42 @@ class Session:
     # ---- the user's turns (TurnHooks, called by the Listener) -------------------------------
 
     async def on_user_speaking(self, turn: UserTurn, speech_ms: int) -> None:
-        """Barge-in: the user talks over a reply being produced or still playing."""
+        """Barge-in: the user talks over a reply being produced or still playing. A reply still
+        being produced pauses at once (its queued audio dropped) and waits for the words:
+        `on_end_of_turn` resumes it after a cough or a "mm-hmm", cuts it otherwise."""
+        active = self._active
+        if active is not None and active.paused and turn.barged_in and speech_ms >= self.settings.barge_in_sure_ms:
+            await self._interrupt(active, reason="turn_detected", send_cleared=False)  # talking on: no backchannel
+            return
         if turn.barged_in or not self.options.turn_detection.interrupt_response:
             return
         playing = self._playing if self._playing is not None and self._playing.sink.left_ms() > 0 else None
-        target = self._active or playing
+        target = active or playing
         if target is None or speech_ms < self.settings.barge_in_min_speech_ms:
             return
         turn.barged_in = True
         target.clock.speech_started_at = turn.started_at
         self.metrics.barge_ins_total.inc()
-        if target is self._active:
-            await self._interrupt(target, reason="turn_detected", send_cleared=True)
-        else:
+        if target is not active:
             await self._cut_playback(target)
+        elif self.settings.resume_false_interruptions:
+            await self._pause(target)
+        else:
+            await self._interrupt(target, reason="turn_detected", send_cleared=True)
 
     def on_interim_transcript(self, text: str) -> None:
         self._speculate(text)
 
     async def on_end_of_turn(self, transcript: str, clock: TurnClock) -> None:
+        paused = self._active if self._active is not None and self._active.paused else None
+        if paused is not None and is_false_interruption(transcript):
+            log.info("session %s: %r over %s was no interruption: resuming it", self.id, transcript, paused.id)
+            self.metrics.false_interruptions_total.inc()
+            self._drop_speculation()
+            self._spawn(paused.resume(), "resume")
+            return
+        if paused is not None:
+            await self._interrupt(paused, reason="turn_detected", send_cleared=False)
         if not transcript.strip() or not self.options.turn_detection.create_response or self._active is not None:
             self._drop_speculation()
             return
@@ -370,7 +400,8 @@ class Session:
             response = Response(handle=handle, source_text=source_text or messages[-1]["content"],
                                 audio_out=audio_out, synthesizer=self.models.synthesizer,
                                 speculative_tts=self.settings.speculative_tts, speed=self.options.speed,
-                                inactivity_timeout_s=self.settings.response_inactivity_timeout_s)
+                                inactivity_timeout_s=self.settings.response_inactivity_timeout_s,
+                                audio_lead_ms=self.settings.audio_lead_ms)
             response.prompt_messages = messages
             self._responses.add(response)
             response.start()
@@ -426,6 +457,12 @@ class Session:
                  self.id, response.id, reason, heard_ms, response.item.text)
         await self._end_response(response, "cancelled", reason)
         self._spawn(self._forget_when_stopped(response), "forget")  # once its TTS job has stopped
+
+    async def _pause(self, response: Response) -> None:
+        heard_ms = response.pause()
+        await self._send(p.server_event("output_audio_buffer.cleared", response_id=response.id))
+        response.clock.cleared_at = time.monotonic()
+        log.info("session %s: %s paused after %.0f ms heard: the user talks over it", self.id, response.id, heard_ms)
 
     async def _cut_playback(self, response: Response) -> None:
         """Barge-in after the response was fully sent but while it still plays: the queued

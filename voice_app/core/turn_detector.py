@@ -33,19 +33,30 @@ class TurnDetector:
         self.last_speech_sample = 0
         self._silent_windows = 0
         self._pause_sent = False
-        self.finished_words = False  # semantic_vad: the words up to last_speech_sample sound finished
+        # semantic_vad's verdict on the words up to last_speech_sample: True (finished), False
+        # (unfinished), None (not given yet, or the engine could not say)
+        self.finished_words: bool | None = None
+        self._verdict_given = False
 
     def silence_ms(self) -> int:
         """How long the current turn has been silent (0 while speaking or outside a turn)."""
         return self._silent_windows * WINDOW_MS if self.in_speech else 0
 
-    def words_sound_finished(self) -> TurnEvent | None:
-        """The judge says the words up to last_speech_sample are a whole turn: it ends after the
-        short silence, and at once (the returned stop) when that has passed already."""
+    def words_sound_finished(self, finished: bool | None = True) -> TurnEvent | None:
+        """The judge's verdict on the words up to last_speech_sample: finished ends the turn after
+        the short silence, unfinished after the eagerness's limit, no verdict (the engine could not
+        say) after server_vad's window; at once (the returned stop) when that has passed already."""
         if not self.in_speech:
             return None
-        self.finished_words = True
-        return self.force_stop() if self.silence_ms() >= COMPLETE_SILENCE_MS else None
+        self.finished_words, self._verdict_given = finished, True
+        return self.force_stop() if self.silence_ms() >= self._silence_needed() else None
+
+    def _silence_needed(self) -> int:
+        if not self.rules.semantic:
+            return self.rules.silence_duration_ms
+        if not self._verdict_given or self.finished_words is False:
+            return self.rules.max_silence_ms()  # awaiting the verdict, or unfinished
+        return COMPLETE_SILENCE_MS if self.finished_words else self.rules.silence_duration_ms
 
     def speech_ms(self) -> int:
         """How long the current turn's speech has lasted (0 when not in speech)."""
@@ -63,19 +74,18 @@ class TurnDetector:
                 self.last_speech_sample = start + VAD_WINDOW
                 self._silent_windows = 0
                 self._pause_sent = False
-                self.finished_words = False
+                self.finished_words, self._verdict_given = None, False
                 return [TurnEvent("speech_started", start)]
             return []
         if prob >= max(self.rules.threshold - 0.15, 0.01):
             self.last_speech_sample = start + VAD_WINDOW
             self._silent_windows = 0
             self._pause_sent = False
-            self.finished_words = False  # more words: the verdict was about fewer
+            self.finished_words, self._verdict_given = None, False  # more words: the verdict was about fewer
             return []
         self._silent_windows += 1
         silence_ms = self._silent_windows * WINDOW_MS
-        needed = COMPLETE_SILENCE_MS if self.rules.semantic and self.finished_words else self.rules.max_silence_ms()
-        if silence_ms >= needed:
+        if silence_ms >= self._silence_needed():
             self.in_speech = False
             return [TurnEvent("speech_stopped", self.last_speech_sample)]
         if silence_ms >= self.rules.pause_ms and not self._pause_sent:

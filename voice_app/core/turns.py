@@ -256,10 +256,12 @@ class Listener:
         if turn is not self.turn:
             return
         self._hooks.on_interim_transcript(text)
-        if self._judge is None or not self._rules.semantic or not await self._judge.sounds_finished(text):
+        if self._judge is None or not self._rules.semantic:
             return
+        # no words (a cough, a door) is no sentence to wait out: that turn ends as quickly
+        finished = await self._judge.sounds_finished(text) if text.strip() else True
         if turn is self.turn and self._detector.last_speech_sample == speech_end:  # no new words since
-            stop = self._detector.words_sound_finished()
+            stop = self._detector.words_sound_finished(finished)
             if stop is not None:
                 await self._on_turn_event(stop)
 

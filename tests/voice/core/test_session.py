@@ -30,6 +30,7 @@ def make_session(models: ScriptedModels | None = None, player: ScriptedPlayer | 
     models = models or ScriptedModels()
     log = log or EventLog()
     settings.setdefault("turn_detection", "server_vad")
+    settings.setdefault("audio_lead_ms", 0)  # the scripted player's position moves only when a test says
     session = Session(models, Settings(partial_interval_ms=50, **settings), log.send,
                       open_sink=player.open_sink if player is not None else None)
     return session, log, models
@@ -109,9 +110,10 @@ async def test_talking_over_a_reply_being_produced_cuts_it_to_what_was_heard():
     assert (assistant.role, assistant.text, assistant.status) == ("assistant", "One two", "incomplete")
     metrics = next(e for e in log.of_type("x_turn.metrics") if e["response_id"] == response_id)
     assert metrics["barge_in_to_cleared_ms"] is not None
-    # the interruption is itself a turn, answered with the truncated history as context
+    # the interruption is itself a turn, answered from the history; the cut reply shows the
+    # engine only its whole sentences (none of "One two"), so the prompt ends with the new words
     await log.wait_for(lambda e: e["type"] == "response.created" and e["response"]["id"] != response_id)
-    assert models.engine.submitted.items[-1][-2:] == [{"role": "assistant", "content": "One two"},
+    assert models.engine.submitted.items[-1][-2:] == [{"role": "user", "content": QUESTION},
                                                       {"role": "user", "content": INTERRUPT}]
     await session.close()
 
@@ -151,11 +153,12 @@ async def test_a_client_truncate_is_final_and_text_replies_send_no_audio():
     item = session.conversation.find(item_id)
     assert (item.status, item.text) == ("incomplete", "You said")  # 500 ms: the first 2 of 8 words
 
-    # the client's account stands: talking now cuts nothing, and the truncated text is the context
+    # the client's account stands: talking now cuts nothing; the cut text ("You said", no
+    # whole sentence) is the history, and the engine sees none of it
     await say(session, models, INTERRUPT)
     spoken_reply = await log.wait_for(is_done(), start=log.events.index(truncated))
     assert not log.of_type("output_audio_buffer.cleared") and item.text == "You said"
-    assert {"role": "assistant", "content": "You said"} in models.engine.submitted.items[-1]
+    assert [m["role"] for m in models.engine.submitted.items[-1]] == ["system", "user", "user"]
 
     await session.handle_text(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
     text_done = await log.wait_for(is_done(), start=log.events.index(spoken_reply) + 1)
@@ -302,4 +305,44 @@ async def test_client_instructions_follow_the_spoken_style_defaults(keep_spoken_
     system = [m["content"] for m in models.engine.submitted.items[-1] if m["role"] == "system"]
     assert system == ([expected] if expected is not None else [])
     assert log.of_type("session.updated")[0]["session"]["instructions"] == instructions  # echoed as given
+    await session.close()
+
+
+@pytest.mark.parametrize("sound", ["", "Mm-hmm."])
+async def test_a_cough_or_a_backchannel_over_a_reply_pauses_it_and_it_goes_on(sound):
+    """LiveKit's false interruption: the reply's queued audio is dropped at once, and when the
+    sound turns out to hold no words (or just "mm-hmm") the reply resumes from where it was heard."""
+    models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: LONG_REPLY, hold_after_words=10))
+    player = ScriptedPlayer(position_ms=700)
+    session, log, _ = make_session(models, player)
+    await say(session, models, QUESTION)
+    first = await log.wait_for(lambda e: e["type"] == "response.output_audio_transcript.delta")
+    response_id = first["response_id"]
+    sink = player.sink_of(response_id)
+    await sink.wait_pushed(5 * SPOKEN_WORD_SAMPLES)
+
+    # a cough: a sound too short for a word (the scripted transcriber hears nothing in it)
+    noise = models.speech.say(sound) if sound else models.speech.say("Achoo")[: SPOKEN_WORD_SAMPLES // 2]
+    await stream_audio(session.push_pcm16, np.concatenate([noise, END_OF_TURN]), realtime=False)
+    await log.wait_for(lambda e: e["type"] == "output_audio_buffer.cleared" and e["response_id"] == response_id)
+    assert sink.cleared_at_ms == 700
+    await sink.wait_pushed(5 * SPOKEN_WORD_SAMPLES + 550 * 24)  # the unheard 550 ms of sentence one, again
+    models.engine.release.set()
+    done = await log.wait_for(is_done(response_id))
+    assert done["response"]["status"] == "completed"
+    reply = [item for item in session.conversation.items if item.role == "assistant"][0]
+    assert (reply.text, reply.status) == (LONG_REPLY, "completed")
+    assert len(log.of_type("response.created")) == 1  # the sound got no answer of its own
+    await session.close()
+
+
+async def test_talking_on_over_a_paused_reply_cuts_it_before_the_turn_ends():
+    models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: LONG_REPLY, hold_after_words=10))
+    session, log, _ = make_session(models, ScriptedPlayer(position_ms=700), barge_in_sure_ms=600)
+    await say(session, models, QUESTION)
+    first = await log.wait_for(lambda e: e["type"] == "response.output_audio_transcript.delta")
+    await stream_audio(session.push_pcm16, models.speech.say(INTERRUPT), realtime=False)  # no silence yet
+    done = await log.wait_for(is_done(first["response_id"]))
+    assert done["response"]["status"] == "cancelled"
+    assert len(log.of_type("input_audio_buffer.speech_stopped")) == 1  # the question's: the talking goes on
     await session.close()

@@ -92,8 +92,10 @@ def test_turn_detector_semantic_vad_ends_a_finished_turn_early_and_an_unfinished
         detector.feed(p)
     assert detector.words_sound_finished() is None and detector.finished_words
     assert [e.kind for p in [0.9] * 3 for e in detector.feed(p)] == [] and not detector.finished_words
-    kinds = [e.kind for _ in range(40) for e in detector.feed(0.1)]  # 1.3 s of silence
-    assert kinds == ["pause"] and detector.in_speech  # an unfinished turn goes on
+    kinds = [e.kind for _ in range(40) for e in detector.feed(0.1)]  # 1.3 s of silence, no verdict yet
+    assert kinds == ["pause"] and detector.in_speech
+    assert detector.words_sound_finished(False) is None  # unfinished: on to the eagerness's limit
+    assert detector.words_sound_finished(None) is not None  # the engine could not say: server_vad's 500 ms
 
 
 def test_heard_text_of_a_truncated_item():
