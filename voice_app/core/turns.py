@@ -35,6 +35,7 @@ FINAL_TAIL_SAMPLES = ASR_RATE // 5  # trailing silence Whisper gets after the la
 MIN_COMMIT_SAMPLES = ASR_RATE // 10  # input_audio_buffer.commit needs at least 100 ms
 INLINE_ANALYSIS_S = 0.25  # input up to this long is resampled and VAD-scored on the event loop
 ANALYSIS_SLICE_S = 0.5  # longer input: in slices this long, each on a worker thread
+IDLE_GRACE_S = 0.3  # a live stream's jitter: audio later than this is missing, and counts as silence
 ASR_SLOTS = 3  # decodes one session may have in the shared Whisper queue (a partial, a pause, a final)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -108,6 +109,7 @@ class Listener:
         self._input_lock = asyncio.Lock()  # input is analysed in arrival order, one slice at a time
         self._asr_slots = asyncio.Semaphore(ASR_SLOTS)
         self._decodes: set[asyncio.Task] = set()  # this session's Whisper jobs, cancelled on close
+        self._audio_until = 0.0  # monotonic time when the audio received so far would end, played live
         self.turn: UserTurn | None = None
 
     # ---- input ------------------------------------------------------------------------------
@@ -116,6 +118,7 @@ class Listener:
         """Input audio at any rate and of any length: a long chunk (one append may hold minutes)
         is resampled and VAD-scored on a worker thread in slices, so no session waits on it and
         each slice's turn events come in stream order."""
+        self._audio_until = max(self._audio_until, time.monotonic()) + len(samples) / rate
         async with self._input_lock:
             if len(samples) <= rate * INLINE_ANALYSIS_S:
                 await self._consume(*self._analyse(samples, rate))
@@ -191,6 +194,7 @@ class Listener:
             await self._send(p.server_event("input_audio_buffer.speech_started", item_id=self.turn.item_id,
                                             audio_start_ms=start * 1000 // ASR_RATE))
             self._spawn(self._partials(self.turn), "partials")
+            self._spawn(self._watch_idle_input(self.turn), "idle-input")
         elif turn_event.kind == "pause" and self.turn is not None:
             self._spawn(self._at_pause(self.turn), "pause")
         elif turn_event.kind == "speech_stopped" and self.turn is not None:
@@ -202,6 +206,21 @@ class Listener:
             await self._send(p.server_event("input_audio_buffer.speech_stopped", item_id=turn.item_id,
                                             audio_end_ms=turn_event.sample * 1000 // ASR_RATE))
             self._spawn(self._finish_turn(turn, turn_event.sample, audio, clock), "finish-turn")
+
+    async def _watch_idle_input(self, turn: UserTurn) -> None:
+        """A client that stops sending audio mid-turn (a microphone turned off, a recording sent
+        whole and nothing after it) is silent from when its audio would have ended: without this
+        its turn would wait for windows that never come."""
+        while turn is self.turn:
+            await asyncio.sleep(0.05)
+            idle_s = time.monotonic() - self._audio_until - IDLE_GRACE_S
+            if idle_s <= 0 or self._input_lock.locked():
+                continue
+            async with self._input_lock:
+                if turn is not self.turn:
+                    return
+                for turn_event in self._detector.idle(int(idle_s * 1000)):
+                    await self._on_turn_event(turn_event)
 
     async def _transcribe(self, turn: UserTurn, end: int) -> str:
         """Transcribes the turn's audio up to `end`; remembered so the final transcript can

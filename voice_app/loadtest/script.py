@@ -152,18 +152,19 @@ def _milliseconds(raw: dict[str, Any], name: str, where: str) -> int | None:
 
 
 def utterance_audio(script: Script, piper_voice: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> list[np.ndarray]:
-    """PCM16 mono 24 kHz samples of every turn, in order; text is synthesised once and cached."""
+    """PCM16 mono 24 kHz samples of every turn, in order; text is synthesised once and cached,
+    without Piper's random variation, so every machine hears the same utterances."""
     synthesizer = None
 
     def spoken(text: str) -> np.ndarray:
         nonlocal synthesizer
-        cached = cache_dir / f"{hashlib.sha1(f'{piper_voice}|{text}'.encode()).hexdigest()[:16]}.wav"
+        cached = cache_dir / f"{hashlib.sha1(f'{piper_voice}|fixed|{text}'.encode()).hexdigest()[:16]}.wav"
         if not cached.is_file():
             if synthesizer is None:
                 from voice_app.speech.tts import Synthesizer
 
                 synthesizer = Synthesizer(piper_voice)
-            write_wav_24k(cached, synthesizer.synthesize_blocking(text))
+            write_wav_24k(cached, synthesizer.synthesize_blocking(text, varied=False))
             log.info("synthesised %r -> %s", text, cached)
         return read_wav_24k(cached)
 

@@ -38,12 +38,16 @@ class Synthesizer:
         with self._lock:
             return self._live_jobs
 
-    def synthesize_blocking(self, sentence: str, speed: float = 1.0) -> np.ndarray:
+    def synthesize_blocking(self, sentence: str, speed: float = 1.0, varied: bool = True) -> np.ndarray:
         """One sentence -> PCM16 samples at 24 kHz (empty when nothing speakable).
-        `speed` > 1 speaks faster (Piper's phoneme length scale is its inverse)."""
+        `speed` > 1 speaks faster (Piper's phoneme length scale is its inverse). Piper draws
+        random noise for the voice and the phoneme lengths, so no two syntheses match; `varied`
+        False turns that off: the same text gives the same audio on every machine (test and
+        load-test utterances, where a random take once made Whisper hear "friends" for "France")."""
         from piper.config import SynthesisConfig
 
-        config = SynthesisConfig(length_scale=None if speed == 1.0 else 1.0 / speed)
+        config = SynthesisConfig(length_scale=None if speed == 1.0 else 1.0 / speed,
+                                 **({} if varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}))
         chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(sentence, config)]
         if not chunks:
             return np.zeros(0, dtype=np.int16)

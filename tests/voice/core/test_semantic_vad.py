@@ -54,6 +54,19 @@ async def test_an_unfinished_turn_still_ends_at_the_eagerness_limit():
     await session.close()
 
 
+async def test_a_turn_ends_when_the_client_stops_sending_audio():
+    # a microphone turned off mid-thought (or a recording sent whole): no silence windows come,
+    # yet the turn must end once the missing audio has lasted the eagerness's limit
+    session, log, models = make_session(turn_detection="semantic_vad", eagerness="high")
+    words = models.speech.say(QUESTION)
+    await speak(session, np.concatenate([words[:int(5 * WORD_S * 24000)], silence(0.1)]))
+    assert not log.of_type("input_audio_buffer.speech_stopped")
+    await log.wait_for(lambda e: e["type"] == "input_audio_buffer.speech_stopped")
+    await log.wait_for(is_done())
+    assert [i.text for i in session.conversation.items if i.role == "user"] == ["What is the capital of"]
+    await session.close()
+
+
 async def test_server_vad_waits_out_its_silence_window_whatever_the_words():
     session, log, models = make_session(turn_detection="server_vad")
     await speak(session, np.concatenate([models.speech.say(QUESTION), silence(COMPLETE_SILENCE_MS / 1000 + 0.1)]))

@@ -149,3 +149,10 @@ def test_speech_speed_from_session_update_reaches_piper(speech_models):
     fast = len(synthesizer.synthesize_blocking("The capital of France is Paris.", speed=2.0))
     assert fast < normal * 0.75
     synthesizer.synthesize_blocking("...")  # punctuation alone must not raise
+
+
+def test_unvaried_synthesis_gives_the_same_audio_every_time(speech_models):
+    # test and load-test utterances must not change from run to run (Piper's noise is random)
+    synthesizer = speech_models["synthesizer"]
+    takes = [synthesizer.synthesize_blocking("Tell me about dogs.", varied=False) for _ in range(2)]
+    assert len(takes[0]) > 0 and np.array_equal(takes[0], takes[1])

@@ -157,7 +157,7 @@ async def test_bad_inputs_get_error_events_and_the_session_goes_on(voice_server)
             "invalid_audio_length": json.dumps({"type": "input_audio_buffer.append",
                                                 "audio": base64.b64encode(b"\x00\x01\x02").decode()}),
             "message_too_large": json.dumps({"type": "input_audio_buffer.append",
-                                             "audio": "A" * (5 * 1024 * 1024)}),
+                                             "audio": "A" * (16 * 1024 * 1024)}),  # over the 15 MiB default
             "binary_frame": b"\x00\x01",
         }
         for name, raw in bad_inputs.items():
