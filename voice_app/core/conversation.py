@@ -98,6 +98,13 @@ class Conversation:
     def find(self, item_id: str) -> ConversationItem | None:
         return next((item for item in self.items if item.id == item_id), None)
 
+    def remove(self, item_id: str) -> bool:
+        """conversation.item.delete: the item is forgotten (False: there was none)."""
+        item = self.find(item_id)
+        if item is not None:
+            self.items.remove(item)
+        return item is not None
+
     def take_evicted(self) -> list[str]:
         evicted, self.evicted = self.evicted, []
         return evicted

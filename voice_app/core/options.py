@@ -97,10 +97,16 @@ class SessionOptions:
                                   f"'inf', got {shown}", "max_output_tokens", event_id)
         return int(requested)
 
-    def update(self, config: p.SessionConfig, event_id: str | None = None) -> None:
-        """Applies a session.update; a refused one changes nothing (the only check runs first)."""
+    def update(self, config: p.SessionConfig) -> list[p.Refusal]:
+        """Applies a session.update's validated settings, each on its own: one out of the
+        operator's range (max_output_tokens over the cap) is refused and returned, the others
+        still apply."""
+        refused: list[p.Refusal] = []
         if config.max_output_tokens is not None:
-            self.max_output_tokens = self.reply_tokens(config.max_output_tokens, event_id)
+            try:
+                self.max_output_tokens = self.reply_tokens(config.max_output_tokens)
+            except p.ProtocolError as error:
+                refused.append(p.Refusal("max_output_tokens", error.message))
         if config.instructions is not None:
             self.instructions = config.instructions
         if config.output_modalities is not None:
@@ -111,6 +117,7 @@ class SessionOptions:
         if audio is not None and audio.output is not None:
             self.voice = audio.output.voice or self.voice
             self.speed = audio.output.speed or self.speed
+        return refused
 
     def shape(self, session_id: str, model: str, transcription_model: str) -> dict[str, Any]:
         """The session object of session.created / session.updated."""

@@ -58,6 +58,8 @@ class Response:
         self.last_update: Any = None
         self.spoken_text = ""  # text of every sentence handed to the client so far
         self.metrics_reported = False
+        self.metadata: dict[str, str] | None = None  # response.create's, echoed back
+        self.out_of_band = False  # conversation "none": the conversation does not keep it
         self._draft_queued = False
         self.audio_sent_samples = 0
         self._synthesizer = synthesizer
@@ -321,14 +323,21 @@ class Response:
             "id": self.id, "object": "realtime.response", "status": status,
             "output_modalities": ["audio"] if self.audio_out else ["text"],
             "output": [] if status == "in_progress" else [self.item_event_shape()],
+            "metadata": self.metadata,
         }
         if reason:
             shape["status_details"] = {"type": status, "reason": reason}
         elif status == "failed":
             shape["status_details"] = {"type": "failed", "error": {
                 "type": "server_error", "code": "engine_error", "message": self.failure or "the reply failed"}}
-        stats = getattr(self.last_update, "stats", None)
-        if stats is not None and status != "in_progress":
-            shape["usage"] = {"input_tokens": stats.prompt_tokens, "output_tokens": stats.new_tokens,
-                              "total_tokens": stats.prompt_tokens + stats.new_tokens}
+        if status != "in_progress":
+            shape["usage"] = self.usage()
         return shape
+
+    def usage(self) -> dict[str, Any]:
+        """Token counts of response.done (all text: the voice is synthesised from the text)."""
+        stats = getattr(self.last_update, "stats", None)
+        prompt, new = (stats.prompt_tokens, stats.new_tokens) if stats is not None else (0, 0)
+        return {"total_tokens": prompt + new, "input_tokens": prompt, "output_tokens": new,
+                "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": 0},
+                "output_token_details": {"text_tokens": new, "audio_tokens": 0}}

@@ -57,11 +57,15 @@ class Session:
     """`models`: the engine, transcriber, synthesizer and VAD, shared by all sessions.
     `send`: awaited with each server event (a dict). `open_sink`: the transport's player for a
     response's audio (default: audio delta events on `send`). `translate_in`: a client
-    dialect's events -> ours, before validation."""
+    dialect's events -> ours, before validation. `x_events`: whether this client gets our own
+    `x_...` events (the server sends them only to clients that ask; in-process transports
+    such as the desktop keep them)."""
 
     def __init__(self, models: Models, settings: Settings, send: Send, metrics: VoiceMetrics | None = None,
-                 open_sink: OpenSink | None = None, translate_in: Callable[[Any], Any] | None = None):
+                 open_sink: OpenSink | None = None, translate_in: Callable[[Any], Any] | None = None,
+                 x_events: bool = True):
         self.id = new_id("sess")
+        self.x_events = x_events
         self.models = models
         self.settings = settings
         self.metrics = metrics or VoiceMetrics()
@@ -95,6 +99,8 @@ class Session:
             "response.create": self._on_response_create,
             "response.cancel": self._on_response_cancel,
             "output_audio_buffer.clear": self._on_output_audio_buffer_clear,
+            "conversation.item.retrieve": self._on_conversation_item_retrieve,
+            "conversation.item.delete": self._on_conversation_item_delete,
         }
 
     @property
@@ -156,7 +162,7 @@ class Session:
     # ---- sending ----------------------------------------------------------------------------
 
     async def _send(self, event: dict[str, Any]) -> None:
-        if self.closed:
+        if self.closed or (not self.x_events and event["type"].startswith("x_")):
             return
         async with self._send_lock:
             try:
@@ -180,7 +186,21 @@ class Session:
     # ---- client events ----------------------------------------------------------------------
 
     async def _on_session_update(self, event: p.SessionUpdate) -> None:
-        self.options.update(event.session, event.event_id)
+        """Applies every setting it can; the refused ones are named in an `error` (with what was
+        applied), and session.updated shows the session as it now is."""
+        config, refused = p.session_config(event.session)
+        refused += self.options.update(config)
+        if config.x_events is not None:
+            self.x_events = config.x_events
+        if refused:
+            names = {r.param for r in refused}
+            applied = [name for name in p.applied_settings(config) if name not in names]
+            await self.send_error(p.ProtocolError(
+                "invalid_value" if any(not r.unsupported for r in refused) else "unsupported_value",
+                "session.update: not applied: " + "; ".join(f"{r.param} ({r.message})" for r in refused)
+                + (f"; applied: {', '.join(applied)}" if applied else "; nothing else was changed")
+                + "; the session goes on with its other settings",
+                ", ".join(r.param for r in refused), event.event_id))
         await self._send(p.server_event("session.updated", session=self.session_shape()))
 
     async def _on_input_audio_buffer_append(self, event: p.InputAudioBufferAppend) -> None:
@@ -216,6 +236,8 @@ class Session:
         await announce_evictions(self.conversation, self._send)
 
     async def _on_response_create(self, event: p.ResponseCreate) -> None:
+        """`input`: the prompt's items instead of the conversation's; `conversation: "none"`: an
+        out-of-band reply that the conversation does not keep; `metadata` is echoed."""
         options = event.response or p.ResponseOptions()
         instructions = options.instructions if options.instructions is not None else self.options.instructions
         audio_out = self.options.audio_out if options.output_modalities is None else "audio" in options.output_modalities
@@ -226,10 +248,33 @@ class Session:
                 raise p.ProtocolError("conversation_already_has_active_response",
                                       f"response {self._active.id} is still in progress; cancel it first",
                                       None, event.event_id)
-            self._drop_speculation()
-            messages = self.conversation.messages(self._system_prompt(instructions))
+            system = self._system_prompt(instructions)
+            if options.input is not None:
+                messages = self._input_messages(options.input, system, event.event_id)
+            else:
+                messages = self.conversation.messages(system)
+            if options.conversation != "none":
+                self._drop_speculation()
             response = await self._start_response(messages, audio_out, reply_tokens, event.event_id)
+            response.metadata = options.metadata
+            response.out_of_band = options.conversation == "none"
             await self._activate(response, TurnClock())
+
+    def _input_messages(self, items: list[Any], system: str, event_id: str | None) -> list[dict[str, str]]:
+        """A response's own `input` as the engine's messages; references name conversation items."""
+        messages = [{"role": "system", "content": system}] if system else []
+        for index, entry in enumerate(items):
+            if isinstance(entry, p.ItemReference):
+                item = self.conversation.find(entry.id)
+                if item is None:
+                    raise p.ProtocolError("item_not_found", f"response.input[{index}] names item {entry.id!r}, "
+                                          "which is not in the conversation", f"response.input.{index}.id", event_id)
+                role, text = item.role, self._item_text(item)
+            else:
+                role, text = entry.role, entry.text
+            if text.strip():
+                messages.append({"role": role, "content": text})
+        return messages
 
     async def _on_response_cancel(self, event: p.ResponseCancel) -> None:
         active = self._active
@@ -256,6 +301,36 @@ class Session:
         item.status = "incomplete"
         await self._send(p.server_event("conversation.item.truncated", item_id=item.id,
                                         content_index=event.content_index, audio_end_ms=event.audio_end_ms))
+
+    def _find_item(self, item_id: str, event_id: str | None) -> ConversationItem:
+        item = self.conversation.find(item_id)
+        if item is None:
+            raise p.ProtocolError("item_not_found", f"no item {item_id!r} in the conversation (it was never added, "
+                                  "was deleted, or was forgotten by the history cap)", "item_id", event_id)
+        return item
+
+    def _item_text(self, item: ConversationItem) -> str:
+        """The item's text as the server holds it now (a reply being made: what was sent so far)."""
+        active = self._active
+        if active is not None and active.item is item and item.status == "in_progress":
+            return active.spoken_text
+        return item.text
+
+    async def _on_conversation_item_retrieve(self, event: p.ConversationItemRetrieve) -> None:
+        item = self._find_item(event.item_id, event.event_id)
+        await self._send(p.server_event("conversation.item.retrieved", item=p.message_item(
+            item.id, item.role, self._item_text(item), item.status, item.audio)))
+
+    async def _on_conversation_item_delete(self, event: p.ConversationItemDelete) -> None:
+        item = self._find_item(event.item_id, event.event_id)
+        if self._active is not None and self._active.item is item:
+            raise p.ProtocolError("invalid_value", f"item {item.id!r} is the reply of response {self._active.id}, "
+                                  "still in progress; cancel it first", "item_id", event.event_id)
+        self.conversation.remove(item.id)
+        if self._playing is not None and self._playing.item is item:
+            self._playing = None
+        self._drop_speculation()  # the context changed under it
+        await self._send(p.server_event("conversation.item.deleted", item_id=item.id))
 
     async def _on_output_audio_buffer_clear(self, event: p.OutputAudioBufferClear) -> None:
         if self._active is not None:
@@ -427,12 +502,15 @@ class Session:
         self._active = response
         ids = {"response_id": response.id, "output_index": 0}
         response.sink = self._open_sink({**ids, "item_id": response.item.id, "content_index": 0})
-        previous = self.conversation.add(response.item)
-        await announce_evictions(self.conversation, self._send)
+        previous = None
+        if not response.out_of_band:
+            previous = self.conversation.add(response.item)
+            await announce_evictions(self.conversation, self._send)
         await self._send(p.server_event("response.created", response=response.response_shape("in_progress")))
         await self._send(p.server_event("response.output_item.added", **ids, item=response.item_event_shape()))
-        await self._send(p.server_event("conversation.item.added", previous_item_id=previous,
-                                        item=response.item_event_shape()))
+        if not response.out_of_band:
+            await self._send(p.server_event("conversation.item.added", previous_item_id=previous,
+                                            item=response.item_event_shape()))
         part = {"type": "audio", "transcript": ""} if response.audio_out else {"type": "text", "text": ""}
         await self._send(p.server_event("response.content_part.added", **ids, item_id=response.item.id,
                                         content_index=0, part=part))
@@ -510,7 +588,8 @@ class Session:
         item_shape = response.item_event_shape()
         await self._send(p.server_event("response.output_item.done", response_id=response.id, output_index=0,
                                         item=item_shape))
-        await self._send(p.server_event("conversation.item.done", item=item_shape))
+        if not response.out_of_band:
+            await self._send(p.server_event("conversation.item.done", item=item_shape))
         await self._send(p.server_event("response.done", response=response.response_shape(status, reason)))
         await self._report_turn_metrics(response)
 
