@@ -4,9 +4,11 @@
 const FIRST_RETRY_MS = 500;
 const MAX_RETRY_MS = 8000;
 
+// x_events=1: the page shows the server's x_... events (partial transcripts, drafts, turn
+// metrics), which the server sends only to clients that ask for them.
 export function realtimeUrl(pageLocation) {
   const scheme = pageLocation.protocol === "https:" ? "wss:" : "ws:";
-  return `${scheme}//${pageLocation.host}/v1/realtime`;
+  return `${scheme}//${pageLocation.host}/v1/realtime?x_events=1`;
 }
 
 /**

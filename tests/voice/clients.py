@@ -73,7 +73,8 @@ class SdkClient:
 
     async def __aenter__(self):
         realtime = self.client.beta.realtime if self.beta else self.client.realtime
-        self._manager = realtime.connect(model="smollm2-135m-bd")
+        # our x_... events too (partials, drafts, turn metrics): the tests look at them
+        self._manager = realtime.connect(model="smollm2-135m-bd", extra_query={"x_events": "1"})
         self.conn = await self._manager.__aenter__()
         self._reader = asyncio.create_task(self._read())
         return self

@@ -43,7 +43,9 @@ class DesktopTransport:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._stop.set)
-        session = Session(self.models, self.settings, send=self._on_event, open_sink=self.speaker.open_sink)
+        # in-process: the console shows the x_... events (partials, turn metrics)
+        session = Session(self.models, self.settings, send=self._on_event, open_sink=self.speaker.open_sink,
+                          x_events=True)
         input_stream, output_stream = self._open_streams(loop)
         try:
             await session.start()

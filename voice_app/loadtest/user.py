@@ -15,7 +15,7 @@ from voice_app.audio.pcm import WIRE_RATE
 from voice_app.loadtest.connection import RealtimeConnection, ReceivedEvent, SessionClosed, of_type
 from voice_app.loadtest.report import normalized_words, score_transcript
 from voice_app.loadtest.script import Script, ScriptTurn
-from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER
+from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER, with_x_events
 
 MAX_SUPERSEDED_RESPONSES = 3  # a VAD split of one utterance can cancel a reply or two before the real one
 
@@ -146,7 +146,8 @@ class SimulatedUser:
         await asyncio.sleep(self.index * self.options.stagger_ms / 1000.0)
         try:
             headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else None
-            async with connect(self.options.url, max_size=None, open_timeout=60, ping_interval=None,
+            # x_events: the turn metrics it reports come in x_turn.metrics
+            async with connect(with_x_events(self.options.url), max_size=None, open_timeout=60, ping_interval=None,
                                additional_headers=headers) as websocket:
                 self.conn = RealtimeConnection(websocket)
                 await self.conn.wait_for(of_type("session.created"), 0, 60, "session.created")

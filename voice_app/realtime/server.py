@@ -27,7 +27,7 @@ from voice_app.realtime.access import AccessMiddleware, AccessPolicy, choose_sub
 from voice_app.realtime.beta_dialect import client_event_to_ga, is_beta_client
 from voice_app.realtime.chat_api import ChatApi
 from voice_app.realtime.loop_lag import LoopLagMonitor
-from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER
+from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER, X_EVENTS_PARAM, wants_x_events
 from voice_app.realtime.websocket_transport import WebSocketTransport
 from voice_app.settings import Settings
 from voice_app.speech.loaded_models import LoadedModels
@@ -112,7 +112,8 @@ class VoiceServer:
         beta = is_beta_client(dict(websocket.headers), offered)  # the pre-GA event names and fields
         transport = WebSocketTransport(websocket, self.settings, beta)
         session = Session(self.models, self.settings, send=transport.send, metrics=self.metrics,
-                          translate_in=client_event_to_ga if beta else None)
+                          translate_in=client_event_to_ga if beta else None,
+                          x_events=wants_x_events(websocket.query_params.get(X_EVENTS_PARAM)))
         self.sessions.add(session)
         self.metrics.sessions_total.inc()
         log.info("session %s opened (model=%r, %s dialect, %d live)", session.id,

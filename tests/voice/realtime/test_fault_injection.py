@@ -53,7 +53,7 @@ async def next_of(ws, event_type: str, timeout_s: float = 120) -> dict:
 
 async def test_a_scheduler_that_fails_fails_live_responses_and_healthz_says_so(make_server, voice_server, own_engine):
     server = server_on(make_server, voice_server, own_engine)
-    async with websockets.connect(f"{server.ws_url}/realtime") as ws:
+    async with websockets.connect(f"{server.ws_url}/realtime?x_events=1") as ws:
         await start_a_long_reply(ws)
 
         def broken_schedule():
@@ -77,7 +77,7 @@ async def test_a_scheduler_that_hangs_ends_live_responses_after_the_inactivity_t
     server = server_on(make_server, voice_server, own_engine, response_inactivity_timeout_s=3)
     release = threading.Event()
     real_schedule = own_engine.scheduler.schedule
-    async with websockets.connect(f"{server.ws_url}/realtime") as ws:
+    async with websockets.connect(f"{server.ws_url}/realtime?x_events=1") as ws:
         await start_a_long_reply(ws)
 
         def hung_schedule():
