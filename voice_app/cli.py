@@ -65,6 +65,10 @@ def _register_serve(subparsers: Any) -> None:
     parser.add_argument("--port", type=int, help="port (default 8765)")
     parser.add_argument("--web-dir", help="directory served at / (default web)")
     parser.add_argument("--max-sessions", type=int, help="concurrent sessions before refusing (1013)")
+    parser.add_argument("--replica-name", help="this replica's name in the x-voice-replica header "
+                        "(default hostname:port)")
+    parser.add_argument("--drain-grace-s", type=float, help="on SIGTERM, how long live replies may take to finish "
+                        "before their sessions are closed with 1012 (default 20)")
     add_exposure_flags(parser)
     add_model_flags(parser)
     parser.set_defaults(run=_run_serve)

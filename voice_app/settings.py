@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     allowed_hosts: Annotated[list[str], NoDecode] = []  # Host header names; empty: derived from `host`
     api_token: str | None = None  # required of every /v1 client when set (Bearer header or subprotocol)
 
+    # running as one replica of many (docs/deploy.md)
+    replica_name: str | None = None  # the x-voice-replica header on every reply; None: hostname:port
+    # on SIGTERM/SIGINT: refuse new sessions, let live replies finish for up to this long, then
+    # close the sessions with 1012 and exit 0 (Kubernetes' terminationGracePeriodSeconds must exceed it)
+    drain_grace_s: float = Field(20.0, ge=0)
+
     # sessions
     max_sessions: int = Field(8, ge=1)
     # OpenAI's limit for one client event (an append of 15 MiB of base64 audio is legal there)

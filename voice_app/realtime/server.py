@@ -1,15 +1,21 @@
 """The HTTP server: the web page at `/`, the realtime websocket at `/v1/realtime`, OpenAI's
-text API (`/v1/chat/completions`, `/v1/models`: chat_api.py), `/healthz`, `/metrics`.
-Starlette on uvicorn (whose websockets run on the `websockets` package)."""
+text API (`/v1/chat/completions`, `/v1/models`: chat_api.py), `/healthz`, `/readyz`, `/metrics`.
+Starlette on uvicorn (whose websockets run on the `websockets` package).
+
+As one replica of many (docs/deploy.md): every reply names the replica (`x-voice-replica`),
+`/readyz` says whether it takes a new session, and SIGTERM drains it (`DrainingServer`)."""
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import contextlib
+import logging
 import os
+import signal
 import socket
 import threading
 import time
+from types import FrameType
 from typing import Any, AsyncIterator
 
 import uvicorn
@@ -34,6 +40,10 @@ from voice_app.speech.loaded_models import LoadedModels
 
 log = logging.getLogger(__name__)
 
+REPLICA_HEADER = "x-voice-replica"
+# a draining server's close code for its sessions: "service restart", reconnect (RFC 6455 / IANA)
+CLOSE_SERVICE_RESTART = 1012
+
 
 class VoiceServer:
     """Owns the shared models, the live sessions and the metrics; builds the ASGI app."""
@@ -43,6 +53,9 @@ class VoiceServer:
         self.models = models
         self.metrics = VoiceMetrics()
         self.sessions: set[Session] = set()
+        self.transports: dict[Session, WebSocketTransport] = {}
+        self.replica = settings.replica_name or f"{socket.gethostname()}:{settings.port}"
+        self.draining = False
         self.metrics.add_gauge("voice_live_sessions", "Sessions connected now", lambda: len(self.sessions))
         self.metrics.add_gauge("voice_engine_live_requests", "Engine requests in flight",
                                lambda: getattr(models.engine, "live_requests", 0))
@@ -52,6 +65,8 @@ class VoiceServer:
                                lambda: getattr(models.transcriber, "live_jobs", 0))
         self.metrics.add_gauge("voice_engine_alive", "1 while the engine's scheduler runs",
                                lambda: float(self.engine_health()["alive"]))
+        self.metrics.add_gauge("voice_draining", "1 while the server drains (refuses new sessions)",
+                               lambda: float(self.draining))
         self.loop_lag = LoopLagMonitor()
         self.metrics.add_gauge("voice_event_loop_lag_max_ms", "Worst event-loop lag of the last 10 s (ms)",
                                self.loop_lag.recent_max_ms)
@@ -62,6 +77,7 @@ class VoiceServer:
     def app(self) -> Starlette:
         routes = [
             Route("/healthz", self.healthz),
+            Route("/readyz", self.readyz),
             Route("/metrics", self.prometheus),
             WebSocketRoute("/v1/realtime", self.realtime),
             *self.chat_api.routes(),
@@ -86,6 +102,8 @@ class VoiceServer:
         engine = self.engine_health()
         return JSONResponse({
             "ok": bool(engine["alive"]),
+            "replica": self.replica,
+            "draining": self.draining,
             "engine": engine,
             "models": self.models.describe(),
             "live_sessions": len(self.sessions),
@@ -96,6 +114,46 @@ class VoiceServer:
             "event_loop_lag_ms": round(self.loop_lag.recent_max_ms(), 1),
         }, status_code=200 if engine["alive"] else 503)
 
+    def not_ready_reason(self) -> str | None:
+        """Why a new session would be refused now, or None when one is welcome."""
+        if self.draining:
+            return "draining"
+        if not self.engine_health()["alive"]:
+            return "engine_dead"
+        if len(self.sessions) >= self.settings.max_sessions:
+            return "at_capacity"
+        return None
+
+    async def readyz(self, request: Request) -> JSONResponse:
+        """200 while a new session would be taken (models loaded: the server listens only once
+        they are; engine alive; below max_sessions; not draining), else 503 with the reason."""
+        reason = self.not_ready_reason()
+        return JSONResponse({"ready": reason is None, "reason": reason, "replica": self.replica,
+                             "live_sessions": len(self.sessions), "max_sessions": self.settings.max_sessions},
+                            status_code=200 if reason is None else 503)
+
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Takes no new session; closes each live one with 1012 (service restart: reconnect) as
+        soon as it is not busy (no reply in progress, no unanswered user turn), and every one
+        left after `grace_s` (default: the drain_grace_s setting)."""
+        grace_s = self.settings.drain_grace_s if grace_s is None else grace_s
+        self.draining = True
+        log.info("draining: %d live sessions, up to %.0f s for their replies to finish", len(self.sessions), grace_s)
+        deadline = time.monotonic() + grace_s
+        closing: dict[WebSocketTransport, asyncio.Future] = {}
+        while True:
+            overdue = time.monotonic() >= deadline
+            for transport in list(self.transports.values()):
+                if transport not in closing and (overdue or not transport.busy):
+                    reason = "server restarting; reconnect" + (" (drain grace period over)" if overdue else "")
+                    closing[transport] = asyncio.ensure_future(
+                        transport.end_by_server(CLOSE_SERVICE_RESTART, reason))
+            if overdue or not self.transports:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*closing.values(), return_exceptions=True)
+        log.info("drained")
+
     async def prometheus(self, request: Request) -> PlainTextResponse:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -103,6 +161,9 @@ class VoiceServer:
         # The openai SDK sends ?model= and an Authorization header; browsers send API keys as
         # subprotocols. AccessMiddleware has checked Host, Origin and (when set) the token.
         offered = websocket.scope.get("subprotocols") or []
+        if self.draining:  # an HTTP 503 handshake answer: nginx tries the next replica
+            await self._refuse_while_draining(websocket)
+            return
         await websocket.accept(subprotocol=choose_subprotocol(offered))
         if len(self.sessions) >= self.settings.max_sessions:
             self.metrics.sessions_rejected.inc()
@@ -115,6 +176,7 @@ class VoiceServer:
                           translate_in=client_event_to_ga if beta else None,
                           x_events=wants_x_events(websocket.query_params.get(X_EVENTS_PARAM)))
         self.sessions.add(session)
+        self.transports[session] = transport
         self.metrics.sessions_total.inc()
         log.info("session %s opened (model=%r, %s dialect, %d live)", session.id,
                  websocket.query_params.get("model", "")[:100], "beta" if beta else "GA", len(self.sessions))
@@ -123,15 +185,62 @@ class VoiceServer:
             await transport.pump(session)
         finally:
             self.sessions.discard(session)
+            self.transports.pop(session, None)
             await session.close()
 
+    async def _refuse_while_draining(self, websocket: WebSocket) -> None:
+        self.metrics.sessions_rejected.inc()
+        message = f"replica {self.replica} is shutting down; connect again (another replica will answer)"
+        if "websocket.http.response" in websocket.scope.get("extensions", {}):
+            await websocket.send_denial_response(JSONResponse(
+                {"error": {"type": "server_error", "code": "draining", "message": message}},
+                status_code=503, headers={"retry-after": "1"}))
+        else:
+            await websocket.close(code=CLOSE_SERVICE_RESTART, reason=message[:120])
 
-def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+
+def uvicorn_config(app: Any, settings: Settings, replica: str | None = None) -> uvicorn.Config:
     # Frames up to twice the event limit (bytes) reach the session, which answers with an
     # `error` event; only beyond that does the websocket layer close the connection (code 1009).
+    # `replica`: sent as x-voice-replica on every HTTP reply and websocket handshake.
+    headers = [(REPLICA_HEADER, replica)] if replica else []
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                           ws_max_size=settings.max_message_bytes * 2 + 65536, ws_ping_interval=20,
-                          lifespan="on")
+                          lifespan="on", headers=headers, timeout_graceful_shutdown=10)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but SIGTERM / SIGINT drain first (VoiceServer.drain: /readyz 503, new sessions
+    refused, live replies finish within drain_grace_s, sessions closed with 1012), then shut
+    down as uvicorn does, and the process exits 0. A second signal skips what is left of the wait."""
+
+    def __init__(self, config: uvicorn.Config, voice_server: VoiceServer):
+        super().__init__(config)
+        self.voice_server = voice_server
+        self._drain_requested = False
+        self._drain: asyncio.Task | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not uvicorn's: it records the signal and raises it again once it has stopped, so a
+        # drained server would still die of SIGTERM (exit 143) instead of exiting 0.
+        if self._drain_requested:
+            log.info("signal %d again: closing the sessions now", sig)
+            self.should_exit = True
+            if sig == signal.SIGINT:
+                self.force_exit = True
+        self._drain_requested = True  # acted on by on_tick, on the event loop
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_requested and self._drain is None:
+            self._drain = asyncio.ensure_future(self.voice_server.drain())
+            self._drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        if self._drain is not None and not self._drain.done():  # a second signal: no more waiting
+            self._drain.cancel()
+            await self.voice_server.drain(grace_s=0)
+        await super().shutdown(sockets)
 
 
 def serve(settings: Settings) -> None:
@@ -139,7 +248,8 @@ def serve(settings: Settings) -> None:
         log.warning("web directory %s not found: / will answer 404", settings.web_dir)
     models = LoadedModels.load(settings)
     try:
-        uvicorn.Server(uvicorn_config(VoiceServer(settings, models).app(), settings)).run()
+        voice_server = VoiceServer(settings, models)
+        DrainingServer(uvicorn_config(voice_server.app(), settings, voice_server.replica), voice_server).run()
     finally:
         models.close()
 
@@ -152,7 +262,7 @@ class BackgroundServer:
             settings = settings.model_copy(update={"port": free_port(settings.host)})
         self.settings = settings
         self.voice_server = VoiceServer(settings, models)
-        self._server = uvicorn.Server(uvicorn_config(self.voice_server.app(), settings))
+        self._server = uvicorn.Server(uvicorn_config(self.voice_server.app(), settings, self.voice_server.replica))
         self._thread = threading.Thread(target=self._server.run, name="voice-server", daemon=True)
 
     @property

@@ -5,6 +5,10 @@ holding the server (docs/security.md):
   buffers are full) ends the session: its engine, TTS and ASR work stop, its slot frees;
 - no client event for `idle_timeout_s`, or a session older than `max_session_s` (OpenAI's 60
   minutes), ends it with an `error` event naming why, then a normal close (1000).
+
+It also watches the events it carries to tell whether the session is `busy` (a reply in
+progress, or the user's turn not yet answered): a draining server (docs/deploy.md) closes a
+session once it is not.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from voice_app.settings import Settings
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL = 1000
+# after the user stops speaking, the reply's response.created comes within this long, or the
+# turn was nothing to answer (an empty transcript)
+TURN_ANSWER_WAIT_S = 3.0
 
 
 class ClientGone(Exception):
@@ -37,11 +44,46 @@ class WebSocketTransport:
         self.settings = settings
         self.beta = beta  # speaks the Realtime API's beta dialect
         self._gone = asyncio.Event()
+        self._ended_by_server: tuple[int, str] | None = None
+        self._open_responses: set[str] = set()
+        self._user_speaking = False
+        self._unanswered_since: float | None = None  # the user stopped speaking, no reply created yet
+
+    @property
+    def busy(self) -> bool:
+        """A reply is in progress, the user is talking, or the user's last words are still to be answered."""
+        if self._open_responses or self._user_speaking:
+            return True
+        return self._unanswered_since is not None and time.monotonic() - self._unanswered_since < TURN_ANSWER_WAIT_S
+
+    def _watch(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "response.created":
+            self._open_responses.add(event["response"]["id"])
+            self._unanswered_since = None
+        elif kind == "response.done":
+            self._open_responses.discard(event["response"]["id"])
+        elif kind == "input_audio_buffer.speech_started":
+            self._user_speaking, self._unanswered_since = True, None
+        elif kind == "input_audio_buffer.speech_stopped":
+            self._user_speaking, self._unanswered_since = False, time.monotonic()
+
+    async def end_by_server(self, code: int, reason: str) -> None:
+        """Closes the websocket with `code` (e.g. 1012 when the server drains); `pump` returns."""
+        if self._ended_by_server is not None:
+            return
+        self._ended_by_server = (code, reason)
+        self._gone.set()
+        try:
+            await asyncio.wait_for(self.websocket.close(code, reason[:120]), self.settings.send_timeout_s)
+        except Exception as exc:  # the client is gone already
+            log.info("closing a websocket with %d failed (%s)", code, type(exc).__name__)
 
     async def send(self, event: dict[str, Any]) -> None:
         """One server event; ClientGone once the client has not taken one for send_timeout_s."""
         if self._gone.is_set():
             raise ClientGone("the client is gone")
+        self._watch(event)
         text = json.dumps(server_event_to_beta(event) if self.beta else event)
         try:
             await asyncio.wait_for(self.websocket.send_text(text), self.settings.send_timeout_s)
@@ -78,6 +120,9 @@ class WebSocketTransport:
                 receive.cancel()
         if receive in done:
             return receive.result()
+        if gone in done and self._ended_by_server is not None:
+            log.info("session %s closed by the server (%d: %s)", session.id, *self._ended_by_server)
+            return None
         if gone in done:
             log.info("session %s: the client stopped taking events; dropped", session.id)
             return None
