@@ -5,8 +5,9 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8765
+REPLICAS ?= 2
 
-.PHONY: run test bench setup clean
+.PHONY: run test bench setup clean cluster
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -25,6 +26,10 @@ setup: $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/voice-app serve --host $(HOST) --port $(PORT)
+
+# REPLICAS voice-app serve processes behind nginx on PORT (docs/deploy.md); needs Debian's nginx
+cluster: $(STAMP)
+	$(VENV)/bin/python scripts/cluster.py --replicas $(REPLICAS) --port $(PORT) $(if $(SERVE_ARGS),-- $(SERVE_ARGS))
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
