@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from voice_app.loadtest.report import format_table, plot_levels, summarize_level
+from voice_app.loadtest.report import format_replicas, format_table, plot_levels, summarize_level
 from voice_app.loadtest.script import DEFAULT_CACHE_DIR, Script, ScriptError, load_script, utterance_audio
 from voice_app.loadtest.user import RunOptions, SimulatedUser
 
@@ -120,6 +120,8 @@ def run_loadtest(args: argparse.Namespace) -> int:
                          api_key=args.api_key)
     levels = asyncio.run(run_ramp(args.ramp or [args.sessions], script, audio, options))
     print(format_table(levels))
+    if format_replicas(levels):
+        print(format_replicas(levels))
     for level in levels:
         for error in level["errors"]:
             print(f"  [{level['sessions']} sessions] {error}")

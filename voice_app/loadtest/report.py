@@ -78,9 +78,35 @@ def summarize_level(sessions: int, results: list[SessionResult], wall_s: float) 
         "errors": errors,
         "refused": sum(1 for r in results if r.outcome == "refused"),
         "dropped": sum(1 for r in results if r.outcome == "dropped"),
-        "session_outcomes": [{"session": r.index, "outcome": r.outcome, "detail": r.detail} for r in results],
+        "session_outcomes": [{"session": r.index, "outcome": r.outcome, "detail": r.detail, "replica": r.replica}
+                             for r in results],
+        # behind a proxy: where the sessions went (the x-voice-replica header), and how they fared there
+        "replicas": per_replica(results),
         "turns": [asdict(t) for t in turns],
     }
+
+
+def per_replica(results: list[SessionResult]) -> dict[str, dict[str, int]]:
+    """Sessions, completed turns and each outcome per replica that answered ("unnamed": no header)."""
+    counts: dict[str, dict[str, int]] = {}
+    for result in results:
+        entry = counts.setdefault(result.replica or "unnamed", {"sessions": 0, "turns_completed": 0})
+        entry["sessions"] += 1
+        entry[result.outcome] = entry.get(result.outcome, 0) + 1
+        entry["turns_completed"] += sum(1 for t in result.turns if t.error is None and t.response_id is not None)
+    return dict(sorted(counts.items()))
+
+
+def format_replicas(levels: list[dict[str, Any]]) -> str:
+    """One line a load level: sessions (completed turns) per replica; empty when no server named itself."""
+    lines = []
+    for level in levels:
+        named = {name: c for name, c in level.get("replicas", {}).items() if name != "unnamed"}
+        if named:
+            shares = ", ".join(f"{name}: {c['sessions']} sessions ({c['turns_completed']} turns)"
+                               for name, c in level["replicas"].items())
+            lines.append(f"  [{level['sessions']} sessions] per replica: {shares}")
+    return "\n".join(lines)
 
 
 def _share(flags: list[bool | None]) -> dict[str, int]:

@@ -15,6 +15,8 @@ from voice_app.audio.pcm import WIRE_RATE
 from voice_app.loadtest.connection import RealtimeConnection, ReceivedEvent, SessionClosed, of_type
 from voice_app.loadtest.report import normalized_words, score_transcript
 from voice_app.loadtest.script import Script, ScriptTurn
+
+REPLICA_HEADER = "x-voice-replica"  # voice_app/realtime/server.py names the replica in it
 from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER, with_x_events
 
 MAX_SUPERSEDED_RESPONSES = 3  # a VAD split of one utterance can cancel a reply or two before the real one
@@ -93,6 +95,7 @@ class SessionResult:
     detail: str = ""
     turns: list[TurnResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # `error` events from the server
+    replica: str | None = None  # the x-voice-replica header of the server (or replica behind a proxy) that answered
 
 
 @dataclass
@@ -149,6 +152,7 @@ class SimulatedUser:
             # x_events: the turn metrics it reports come in x_turn.metrics
             async with connect(with_x_events(self.options.url), max_size=None, open_timeout=60, ping_interval=None,
                                additional_headers=headers) as websocket:
+                self.result.replica = websocket.response.headers.get(REPLICA_HEADER)
                 self.conn = RealtimeConnection(websocket)
                 await self.conn.wait_for(of_type("session.created"), 0, 60, "session.created")
                 mic = Microphone(self.conn, self.options.frame_ms, self.options.speed)
@@ -167,6 +171,9 @@ class SimulatedUser:
             self.result.outcome, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # websockets' handshake errors (InvalidStatus, InvalidURI, ...)
             self.result.outcome, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
+            response = getattr(exc, "response", None)  # a refused handshake still names its replica
+            if response is not None and self.result.replica is None:
+                self.result.replica = response.headers.get(REPLICA_HEADER)
         return self.result
 
     def _wants_turn(self, number: int, started: float) -> bool:

@@ -208,3 +208,26 @@ def test_script_turns_for_a_pause_inside_a_backchannel_and_expected_words(tmp_pa
             parse_script({"turns": [bad]}, "test", tmp_path)
     with pytest.raises(ScriptError, match="exclude each other"):
         parse_script({"turns": [{"say": "A"}, {"say": "B", "pause_ms": 5, "backchannel_after_ms": 5}]}, "test", tmp_path)
+
+
+def test_sessions_are_counted_per_replica_that_answered():
+    from voice_app.loadtest.report import format_replicas, summarize_level
+    from voice_app.loadtest.user import SessionResult, TurnResult
+
+    def session(index: int, replica: str | None, outcome: str = "completed", turns: int = 1) -> SessionResult:
+        done = [TurnResult(index, n, 0, None, response_id=f"resp_{index}_{n}") for n in range(turns)]
+        return SessionResult(index, outcome=outcome, replica=replica, turns=done)
+
+    results = [session(0, "replica-1", turns=2), session(1, "replica-2"), session(2, "replica-1", "dropped", 0),
+               session(3, None, "error", 0)]
+    level = summarize_level(4, results, 1.0)
+    assert level["replicas"] == {
+        "replica-1": {"sessions": 2, "turns_completed": 2, "completed": 1, "dropped": 1},
+        "replica-2": {"sessions": 1, "turns_completed": 1, "completed": 1},
+        "unnamed": {"sessions": 1, "turns_completed": 0, "error": 1},
+    }
+    assert [o["replica"] for o in level["session_outcomes"]] == ["replica-1", "replica-2", "replica-1", None]
+    line = format_replicas([level])
+    assert "replica-1: 2 sessions (2 turns)" in line and "replica-2: 1 sessions (1 turns)" in line
+    # a single server that names no replica adds no line to the console output
+    assert format_replicas([summarize_level(1, [session(0, None)], 1.0)]) == ""
