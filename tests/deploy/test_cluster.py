@@ -265,3 +265,43 @@ async def test_sigterm_drains_a_replica_its_live_reply_completes_then_1012_and_e
     while f"{name} exited with code" not in cluster.log() and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     assert f"{name} exited with code 0" in cluster.log()
+
+
+async def test_sigterm_to_make_cluster_drains_every_replica_then_stops_nginx(tmp_path):
+    """What Ctrl-C does to `make cluster` (its own cluster of one replica, started for this test)."""
+    state_file, log_path, port = tmp_path / "state.json", tmp_path / "cluster.log", free_port()
+    command = [sys.executable, str(ROOT / "scripts" / "cluster.py"), "--replicas", "1", "--port", str(port),
+               "--replica-base-port", "0", "--state-file", str(state_file), "--", "--drain-grace-s", str(DRAIN_GRACE_S)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not state_file.exists():
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
+            await asyncio.sleep(0.5)
+        state = json.loads(state_file.read_text())
+        run_dir = Path(state["run_dir"])
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a story."}]}}))
+            await ws.send(json.dumps({"type": "response.create",
+                                      "response": {"output_modalities": ["text"], "max_output_tokens": 32}}))
+            async for message in ws:
+                if json.loads(message)["type"] == "response.created":
+                    break
+            process.send_signal(signal.SIGTERM)
+            statuses = []
+            with pytest.raises(websockets.ConnectionClosed):
+                async for message in ws:
+                    event = json.loads(message)
+                    if event["type"] == "response.done":
+                        statuses.append(event["response"]["status"])
+        assert statuses == ["completed"] and ws.close_code == 1012  # through nginx, which stayed up for it
+        assert await asyncio.to_thread(process.wait, DRAIN_GRACE_S + 30) == 0, log_path.read_text()[-4000:]
+        assert not alive(state["nginx_pid"]) and not alive(state["replicas"][0]["pid"])
+        assert "replica-1 stopped (exit code 0)" in log_path.read_text()
+        assert not run_dir.exists()  # its temporary directory is removed
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
