@@ -28,3 +28,12 @@ def test_mode_modules_register_their_subcommands(monkeypatch):
                         lambda name: fake_module if name == "voice_app.desktop.command" else real_import(name))
     args = cli.build_parser().parse_args(["desktop"])
     assert args.run(args) == 7
+
+
+def test_replica_flags(monkeypatch):
+    monkeypatch.setenv("VOICE_APP_DRAIN_GRACE_S", "7")
+    args = cli.build_parser().parse_args(["serve", "--replica-name", "pod-a"])
+    settings = cli.settings_from_args(args)
+    assert (settings.replica_name, settings.drain_grace_s) == ("pod-a", 7.0)
+    args = cli.build_parser().parse_args(["serve", "--drain-grace-s", "0"])
+    assert cli.settings_from_args(args).drain_grace_s == 0.0  # drain: close sessions at once
