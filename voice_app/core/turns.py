@@ -21,7 +21,7 @@ from voice_app.audio.buffer import InputBuffer
 from voice_app.audio.pcm import ASR_RATE, StreamResampler, int16_to_float
 from voice_app.core.conversation import Conversation, ConversationItem, announce_evictions, new_id
 from voice_app.core.end_of_turn import EndOfTurnJudge
-from voice_app.core.models import Models
+from voice_app.core.models import VAD_WINDOW, Models
 from voice_app.core.options import TurnDetection
 from voice_app.core.turn_detector import TurnDetector, TurnEvent
 from voice_app.realtime import protocol as p
@@ -30,11 +30,14 @@ from voice_app.core.local_agreement import LocalAgreement
 log = logging.getLogger(__name__)
 
 MAX_UTTERANCE_S = 30  # a turn this long is committed even if the speaker goes on
-REUSE_MARGIN_SAMPLES = ASR_RATE // 10  # a transcript reaches 100 ms past the last speech: reusable
-FINAL_TAIL_SAMPLES = ASR_RATE // 5  # trailing silence Whisper gets after the last speech
+REUSE_MARGIN_SAMPLES = ASR_RATE // 10  # a partial reaching 100 ms past the last speech: nothing new to decode
+# trailing silence Whisper gets after the last speech: a turn's final transcript is the decode of
+# [turn start, last speech + this], however the client cut its audio into chunks
+FINAL_TAIL_SAMPLES = ASR_RATE // 5
 MIN_COMMIT_SAMPLES = ASR_RATE // 10  # input_audio_buffer.commit needs at least 100 ms
 INLINE_ANALYSIS_S = 0.25  # input up to this long is resampled and VAD-scored on the event loop
 ANALYSIS_SLICE_S = 0.5  # longer input: in slices this long, each on a worker thread
+TAIL_JITTER_S = 0.1  # how much later than real time the rest of a pause's tail may come
 IDLE_GRACE_S = 0.3  # a live stream's jitter: audio later than this is missing, and counts as silence
 ASR_SLOTS = 3  # decodes one session may have in the shared Whisper queue (a partial, a pause, a final)
 
@@ -68,6 +71,12 @@ class UserTurn:
     stable_sent: str = ""
     transcriptions: list[tuple[int, asyncio.Task]] = field(default_factory=list)  # (audio end, decode)
     barged_in: bool = False
+
+    def transcription_of(self, end: int) -> asyncio.Task | None:
+        """A decode of exactly the turn's audio up to `end` (not failed)."""
+        same = [task for until, task in self.transcriptions if until == end
+                and not (task.done() and (task.cancelled() or task.exception() is not None))]
+        return same[-1] if same else None
 
     def transcription_covering(self, sample: int) -> asyncio.Task | None:
         """A decode that heard the turn up to `sample`: a finished one if any, else one running."""
@@ -110,6 +119,7 @@ class Listener:
         self._asr_slots = asyncio.Semaphore(ASR_SLOTS)
         self._decodes: set[asyncio.Task] = set()  # this session's Whisper jobs, cancelled on close
         self._audio_until = 0.0  # monotonic time when the audio received so far would end, played live
+        self._input_arrived = asyncio.Event()  # set (and replaced) as each slice of input is buffered
         self.turn: UserTurn | None = None
 
     # ---- input ------------------------------------------------------------------------------
@@ -136,6 +146,8 @@ class Listener:
 
     async def _consume(self, audio: np.ndarray, probs: list[float]) -> None:
         self._buffer.append(audio)
+        arrived, self._input_arrived = self._input_arrived, asyncio.Event()
+        arrived.set()
         for prob in probs:
             for turn_event in self._detector.feed(prob):
                 if self._rules.enabled:
@@ -143,7 +155,11 @@ class Listener:
             if self._rules.enabled and self.turn is not None:
                 await self._hooks.on_user_speaking(self.turn, self._detector.speech_ms())
         if self.turn is None and self._rules.enabled:
-            self._buffer.drop_before(self._buffer.end - self._prefix_samples())
+            # the prefix padding is kept before the VAD's position, not the buffer's end: the
+            # samples after it (a window not yet complete) are not judged yet, and a turn that
+            # starts in them needs its whole prefix, whatever the size of the client's chunks
+            self._buffer.drop_before(min(self._buffer.end, self._detector.windows_seen * VAD_WINDOW)
+                                     - self._prefix_samples())
             self._vad.reset_if_long_idle()
         elif self.turn is not None and self._buffer.end - self.turn.start_sample > MAX_UTTERANCE_S * ASR_RATE:
             await self._stop_speech()
@@ -229,6 +245,10 @@ class Listener:
         would hear only part of it: none is made, so none can stand in for the final one."""
         if self._buffer.start > turn.start_sample:
             return ""
+        end = min(end, self._buffer.end)
+        same = turn.transcription_of(end)
+        if same is not None:
+            return await asyncio.shield(same)
         audio = self._buffer.slice(turn.start_sample, end)
         started = time.monotonic()
         task = self._start_decode(audio)
@@ -263,15 +283,21 @@ class Listener:
     async def _at_pause(self, turn: UserTurn) -> None:
         """A short silence: draft a reply to the words so far and, for semantic_vad, ask whether
         they sound finished; if so (and nothing was said since) the turn ends after
-        COMPLETE_SILENCE_MS instead of the eagerness's limit."""
+        COMPLETE_SILENCE_MS instead of the eagerness's limit. A partial that heard every word
+        gives the draft its text at once; the decode the final transcript reuses is made too."""
         if turn is not self.turn:
             return  # it ended while this task waited to run: the final transcript answers it
         speech_end = self._detector.last_speech_sample
+        final_decode = self._spawn(self._decode_until_tail(turn, speech_end), "pause-decode")
         covering = turn.transcription_covering(speech_end + REUSE_MARGIN_SAMPLES)
-        try:
-            text = await asyncio.shield(covering) if covering is not None else await self._transcribe(turn, self._buffer.end)
-        except Exception:
-            text = await self._transcribe(turn, self._buffer.end)
+        text = None
+        if covering is not None:
+            try:
+                text = await asyncio.shield(covering)
+            except Exception:
+                text = None
+        if text is None:
+            text = await asyncio.shield(final_decode)
         if turn is not self.turn:
             return
         self._hooks.on_interim_transcript(text)
@@ -284,6 +310,24 @@ class Listener:
             if stop is not None:
                 await self._on_turn_event(stop)
 
+    async def _decode_until_tail(self, turn: UserTurn, speech_end: int) -> str:
+        """The decode the final transcript reuses if the turn ends at this pause: exactly its
+        audio, up to the final tail (a few ms of live input away), never up to wherever a chunk
+        happened to end. Waits for that tail at most as long as it takes to come live, plus
+        jitter: a client that stopped sending gets the decode of what it sent, which is then
+        also the final transcript's audio."""
+        final_end = speech_end + FINAL_TAIL_SAMPLES
+        deadline = time.monotonic() + max(0, final_end - self._buffer.end) / ASR_RATE + TAIL_JITTER_S
+        while (self._buffer.end < final_end and turn is self.turn and time.monotonic() < deadline
+               and self._detector.last_speech_sample == speech_end):
+            try:
+                await asyncio.wait_for(self._input_arrived.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+        if turn is not self.turn:
+            return ""  # it ended meanwhile: the final transcript decodes its own audio
+        return await self._transcribe(turn, final_end)
+
     def _start_decode(self, audio: np.ndarray, final: bool = False) -> asyncio.Task:
         task = asyncio.ensure_future(self._decode(audio, final))
         self._decodes.add(task)
@@ -294,11 +338,13 @@ class Listener:
         async with self._asr_slots:  # one session cannot fill the queue every session shares
             return await self._transcriber.transcribe(audio, final=final)
 
-    async def _final_transcript(self, turn: UserTurn, end: int, audio: np.ndarray) -> str:
-        covering = turn.transcription_covering(end + REUSE_MARGIN_SAMPLES)
-        if covering is not None:
+    async def _final_transcript(self, turn: UserTurn, audio: np.ndarray) -> str:
+        """The decode of the turn's audio: one made at the pause of exactly this audio if any
+        (the transcript never depends on how far input had come when a decode was made)."""
+        same = turn.transcription_of(turn.start_sample + len(audio))
+        if same is not None:
             try:
-                return await asyncio.shield(covering)  # it already heard all of the speech
+                return await asyncio.shield(same)
             except Exception:
                 log.exception("session %s: reusable transcription failed; decoding again", self._session_id)
         return await self._start_decode(audio, final=True)
@@ -312,7 +358,7 @@ class Listener:
                                         previous_item_id=previous))
         await self._send(p.server_event("conversation.item.added", previous_item_id=previous,
                                         item=p.message_item(user_item.id, "user", "", "in_progress", True)))
-        transcript = await self._final_transcript(turn, end, audio)
+        transcript = await self._final_transcript(turn, audio)
         clock.transcript_at = time.monotonic()
         user_item.text, user_item.status = transcript, "completed"
         await self._send(p.server_event(
