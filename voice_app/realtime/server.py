@@ -8,6 +8,7 @@ As one replica of many (docs/deploy.md): every reply names the replica (`x-voice
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -56,6 +57,7 @@ class VoiceServer:
         self.transports: dict[Session, WebSocketTransport] = {}
         self.replica = settings.replica_name or f"{socket.gethostname()}:{settings.port}"
         self.draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics.add_gauge("voice_live_sessions", "Sessions connected now", lambda: len(self.sessions))
         self.metrics.add_gauge("voice_engine_live_requests", "Engine requests in flight",
                                lambda: getattr(models.engine, "live_requests", 0))
@@ -88,6 +90,7 @@ class VoiceServer:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.loop = asyncio.get_running_loop()  # BackgroundServer.drain runs the drain on it
         self.loop_lag.start()
         yield
         await self.loop_lag.stop()
@@ -194,7 +197,8 @@ class VoiceServer:
         if "websocket.http.response" in websocket.scope.get("extensions", {}):
             await websocket.send_denial_response(JSONResponse(
                 {"error": {"type": "server_error", "code": "draining", "message": message}},
-                status_code=503, headers={"retry-after": "1"}))
+                # uvicorn adds its default headers to accepted handshakes only: name the replica here
+                status_code=503, headers={"retry-after": "1", REPLICA_HEADER: self.replica}))
         else:
             await websocket.close(code=CLOSE_SERVICE_RESTART, reason=message[:120])
 
@@ -281,6 +285,12 @@ class BackgroundServer:
                 raise RuntimeError(f"voice server did not start on {self.base_url}")
             time.sleep(0.02)
         return self
+
+    def drain(self, grace_s: float | None = None) -> "concurrent.futures.Future[None]":
+        """Starts VoiceServer.drain on the server's loop (what SIGTERM does to `voice-app serve`);
+        the server keeps running until stop()."""
+        assert self.voice_server.loop is not None, "start() the server first"
+        return asyncio.run_coroutine_threadsafe(self.voice_server.drain(grace_s), self.voice_server.loop)
 
     def stop(self) -> None:
         self._server.should_exit = True

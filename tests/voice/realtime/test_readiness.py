@@ -55,3 +55,63 @@ def test_the_replica_name_defaults_to_host_and_port(make_server):
     status, body, headers = get(server.base_url + "/readyz")
     assert status == 200
     assert headers["x-voice-replica"] == body["replica"] == f"{socket.gethostname()}:{server.settings.port}"
+
+
+async def ask(ws, text: str, max_tokens: int) -> None:
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+    await ws.send(json.dumps({"type": "response.create",
+                              "response": {"output_modalities": ["text"], "max_output_tokens": max_tokens}}))
+
+
+async def events_until_closed(ws, timeout_s: float) -> list[dict]:
+    events = []
+
+    async def read() -> None:
+        async for message in ws:
+            events.append(json.loads(message))
+
+    with pytest.raises(websockets.ConnectionClosed):
+        await asyncio.wait_for(read(), timeout_s)
+    return events
+
+
+async def test_draining_closes_an_idle_session_at_once_and_a_busy_one_when_the_grace_runs_out(make_server):
+    server = make_server(replica_name="draining-replica")
+    async with websockets.connect(server.ws_url + "/realtime") as idle, \
+            websockets.connect(server.ws_url + "/realtime") as busy:
+        for ws in (idle, busy):
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        await ask(busy, "Tell me a very long story about a dragon and a knight.", 1000)
+        while json.loads(await busy.recv())["type"] != "response.created":
+            pass
+        drained = server.drain(grace_s=2.0)
+        started = asyncio.get_running_loop().time()
+
+        idle_events = await events_until_closed(idle, 5)
+        assert idle.close_code == 1012 and idle.close_reason == "server restarting; reconnect"
+        assert asyncio.get_running_loop().time() - started < 1.5 and idle_events == []
+
+        status, body, _ = get(server.base_url + "/readyz")
+        assert (status, body["reason"]) == (503, "draining")
+        status, health, _ = get(server.base_url + "/healthz")
+        assert status == 200 and health["draining"] is True
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(server.ws_url + "/realtime"):
+                pass
+        assert refused.value.response.status_code == 503
+        assert json.loads(refused.value.response.body)["error"]["code"] == "draining"
+        assert refused.value.response.headers["x-voice-replica"] == "draining-replica"
+
+        # a 1000-token reply outlasts a 2 s grace: closed in the middle of it
+        busy_events = await events_until_closed(busy, 10)
+        assert busy.close_code == 1012 and busy.close_reason.endswith("(drain grace period over)")
+        assert asyncio.get_running_loop().time() - started >= 1.9
+        assert "response.done" not in {e["type"] for e in busy_events}
+    await asyncio.wrap_future(drained)
+    for _ in range(100):  # the closed session leaves, and its reply stops with it
+        _, state, _ = get(server.base_url + "/healthz")
+        if (state["live_sessions"], state["engine_live_requests"]) == (0, 0):
+            break
+        await asyncio.sleep(0.05)
+    assert (state["live_sessions"], state["engine_live_requests"]) == (0, 0)
