@@ -66,11 +66,15 @@ def main() -> None:
     train_prompts = train_prompts[:args.train_prompts]
     (args.run_dir / "eval_prompts.json").write_text(json.dumps(eval_prompts, indent=1))
 
-    engine = Engine.load("smollm2-135m", dtype="float32", max_live_requests=64)
-    records = distill(engine, train_prompts, args.run_dir / "train.jsonl", args.max_new_tokens,
-                      second_turns=args.second_turns, seed=args.seed)
-    distill(engine, eval_prompts, args.run_dir / "eval.jsonl", args.max_new_tokens)
-    engine.close()
+    if args.stage == "export":  # the data training used is there already: read, not remade
+        lines = (args.run_dir / "train.jsonl").read_text().splitlines()[:args.train_prompts + args.second_turns]
+        records = [json.loads(line) for line in lines]
+    else:
+        engine = Engine.load("smollm2-135m", dtype="float32", max_live_requests=64)
+        records = distill(engine, train_prompts, args.run_dir / "train.jsonl", args.max_new_tokens,
+                          second_turns=args.second_turns, seed=args.seed)
+        distill(engine, eval_prompts, args.run_dir / "eval.jsonl", args.max_new_tokens)
+        engine.close()
     if args.stage == "distill":
         return
 
