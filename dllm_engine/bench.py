@@ -159,13 +159,39 @@ def pass_costs(engine, sizes=PASS_SIZES, context: int = 200, repeats: int = 10) 
             segments.append(Segment(torch.full((n - 1,), mask), context + 1, cache, context + n, "full",
                                     adapter=engine.model.has_adapter))
         times = []
-        for _ in range(repeats + 2):
+        profiler = _PhaseProfile(engine)
+        for i in range(repeats + 2):
+            profiler.on(i == 2)  # the warm-up passes are not counted
             started = time.perf_counter()
             with torch.inference_mode():
                 runner.pass_.greedy(runner.pass_.forward(segments, list(range(n))))
             times.append(time.perf_counter() - started)
-        results.append({"tokens": n, "ms": 1000 * statistics.median(times[2:])})
+        results.append({"tokens": n, "ms": 1000 * statistics.median(times[2:]), "phases_ms": profiler.read()})
     return results
+
+
+class _PhaseProfile:
+    """The fused pass's own phase timers (kernels/cpu/csrc/profile.h): mean ms per pass of each
+    phase of the passes timed; empty for the torch pass, which has none."""
+
+    def __init__(self, engine):
+        self._ext = None
+        if engine.backend == "fused":
+            from kernels.cpu import extension
+
+            self._ext = extension()
+
+    def on(self, reset: bool) -> None:
+        if self._ext is not None and reset:
+            self._ext.profile_enable(True)
+
+    def read(self) -> dict[str, float]:
+        if self._ext is None:
+            return {}
+        totals = dict(self._ext.profile_read())
+        self._ext.profile_enable(False)
+        passes = max(1, totals.pop("passes"))
+        return {phase: round(1000 * seconds / passes, 3) for phase, seconds in totals.items()}
 
 
 def _streamed(engine) -> list[tuple[int, int]]:
@@ -294,7 +320,18 @@ def format_table(report: dict) -> str:
                   "| pass / floor | " + " | ".join(f"{c['vs_floor']:.2f}x" for c in costs) + " |",
                   "", f"(b: bandwidth floor, {report['read_bandwidth_gbs']:.1f} GB/s read measured in this run; "
                   f"c: compute floor, {report['fma_gmacs']:.1f} G fp32 multiply-adds/s of a large matmul in this run)"]
+        lines += _phase_rows(costs)
     return "\n".join(lines)
+
+
+def _phase_rows(costs: list[dict]) -> list[str]:
+    """Where the fused pass's time goes, phase by phase (ms per pass), for each pass size."""
+    phases = [phase for phase in costs[0].get("phases_ms", {}) if any(c["phases_ms"][phase] >= 0.05 for c in costs)]
+    if not phases:
+        return []
+    return (["", "Where a fused pass goes, ms per pass by phase (the pass's own timers):", "",
+             "| phase | " + " | ".join(str(c["tokens"]) for c in costs) + " |", "|---" * (1 + len(costs)) + "|"]
+            + [f"| {phase} | " + " | ".join(f"{c['phases_ms'][phase]:.2f}" for c in costs) + " |" for phase in phases])
 
 
 def write_docs(path: Path, table: str, report: dict, args) -> None:
