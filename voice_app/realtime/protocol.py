@@ -426,7 +426,8 @@ def validate_client_event(data: Any) -> BaseModel:
         where = ".".join(str(part) for part in first["loc"][1:])  # drop the union tag
         got = first.get("input")
         shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) and len(repr(got)) <= 80 else ""
-        raise ProtocolError("invalid_value", f"{event_type}: {where}: {first['msg']}{shown}", where, event_id) from exc
+        code = "unsupported_value" if first["type"] == "unsupported" else "invalid_value"
+        raise ProtocolError(code, f"{event_type}: {where}: {first['msg']}{shown}", where, event_id) from exc
 
 
 # ---- server events ----------------------------------------------------------------------

@@ -49,6 +49,9 @@ def test_valid_events_parse_and_ignore_extra_fields():
     ('{"type": "conversation.item.retrieve"}', "invalid_value", "item_id"),
     ('{"type": "response.create", "response": {"conversation": "other"}}', "invalid_value", "conversation"),
     ('{"type": "response.create", "response": {"input": [{"type": "item_reference"}]}}', "invalid_value", "id"),
+    ('{"type": "response.create", "response": {"tools": [{"type": "function", "name": "f"}]}}', "unsupported_value",
+     "function calling is not supported"),
+    ('{"type": "response.create", "response": {"tool_choice": "required"}}', "unsupported_value", "tool_choice"),
 ])
 def test_bad_events_are_named(raw, code, words):
     error = _error(raw)
