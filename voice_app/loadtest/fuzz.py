@@ -47,10 +47,13 @@ TEMPLATES: dict[str, dict[str, Any]] = {  # one valid event of each client type
     "response.create": {"type": "response.create", "response": {"output_modalities": ["text"], "max_output_tokens": 8}},
     "response.cancel": {"type": "response.cancel", "response_id": "resp_x"},
     "output_audio_buffer.clear": {"type": "output_audio_buffer.clear"},
+    "conversation.item.retrieve": {"type": "conversation.item.retrieve", "item_id": "item_x"},
+    "conversation.item.delete": {"type": "conversation.item.delete", "item_id": "item_x"},
 }
 TEMPLATES = {kind: {**event, "event_id": f"fuzz-{kind}"} for kind, event in TEMPLATES.items()}
 REQUIRED = {"session.update": ["session"], "input_audio_buffer.append": ["audio"],
-            "conversation.item.create": ["item"], "conversation.item.truncate": ["item_id", "audio_end_ms"]}
+            "conversation.item.create": ["item"], "conversation.item.truncate": ["item_id", "audio_end_ms"],
+            "conversation.item.retrieve": ["item_id"], "conversation.item.delete": ["item_id"]}
 WRONG = {str: [12345, {"a": 1}], int: ["twelve", [1]], dict: ["x", []]}  # values no field of that type takes
 
 
@@ -165,6 +168,10 @@ def edge_cases(utterance: np.ndarray) -> list[FuzzCase]:
             "type": "realtime", "audio": {"output": {"speed": 10}}}})], must_error=True),
         FuzzCase("session/max_output_tokens_0", lambda: [dumps({"type": "session.update", "session": {
             "type": "realtime", "max_output_tokens": 0}})], must_error=True),
+        FuzzCase("session/one_bad_setting_among_good_ones", lambda: [dumps({"type": "session.update", "session": {
+            "type": "realtime", "instructions": "Be brief.", "tracing": "auto", "tools": [{"type": "function", "name": "f"}],
+            "audio": {"output": {"speed": 10, "voice": "ash"}}}})], must_error=True, check=applied_the_good_settings,
+            settle_on="session.updated"),
         FuzzCase("session/vad_off_then_commit_nothing", lambda: [
             dumps(vad_off), dumps(TEMPLATES["input_audio_buffer.commit"])], must_error=True),
         FuzzCase("truncate/unknown_item", lambda: [dumps(TEMPLATES["conversation.item.truncate"])], must_error=True),
@@ -188,6 +195,15 @@ def heard_the_utterance(events: list[dict[str, Any]]) -> str | None:
     transcripts = [e["transcript"] for e in events
                    if e.get("type") == "conversation.item.input_audio_transcription.completed"]
     return None if any(t.strip() for t in transcripts) else f"no transcript of the utterance: {transcripts!r}"
+
+
+def applied_the_good_settings(events: list[dict[str, Any]]) -> str | None:
+    updated = [e for e in events if e.get("type") == "session.updated"]
+    if not updated:
+        return "no session.updated after a partly refused session.update"
+    session = updated[-1]["session"]
+    voice = (session.get("audio") or {}).get("output", {}).get("voice", session.get("voice"))
+    return None if session.get("instructions") == "Be brief." and voice == "ash" else f"not applied: {session!r}"
 
 
 def one_item_committed(events: list[dict[str, Any]]) -> str | None:

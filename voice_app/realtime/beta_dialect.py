@@ -77,6 +77,8 @@ def _session_to_ga(session: dict[str, Any]) -> dict[str, Any]:
         audio_in["format"] = _format_to_ga(session["input_audio_format"])
     if "turn_detection" in session:  # an explicit null turns server VAD off
         audio_in["turn_detection"] = session["turn_detection"]
+    if session.get("input_audio_transcription") is not None:  # its model is ignored, its language checked
+        audio_in["transcription"] = session["input_audio_transcription"]
     audio_out: dict[str, Any] = {}
     if "output_audio_format" in session:
         audio_out["format"] = _format_to_ga(session["output_audio_format"])

@@ -68,6 +68,9 @@ def test_beta_session_fields_map_onto_the_ga_shape():
     assert ga["output_modalities"] == ["audio"] and ga["max_output_tokens"] == 50
     assert ga["audio"]["input"] == {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None}
     assert ga["audio"]["output"] == {"voice": "joe"}
+    transcription = {"model": "whisper-1", "language": "en"}
+    assert client_event_to_ga({"type": "session.update", "session": {"input_audio_transcription": transcription}})[
+        "session"] == {"audio": {"input": {"transcription": transcription}}}
     assert client_event_to_ga({"type": "response.create", "response": {"modalities": ["text"]}}) == {
         "type": "response.create", "response": {"output_modalities": ["text"]}}
     assert client_event_to_ga("not an object") == "not an object"

@@ -18,6 +18,8 @@ SUBSET = {
     "audio/whole_utterance_in_one_append", "audio/two_commits_back_to_back", "response/50_creates_in_a_row",
     "frame/binary", "frame/not_json",
     "beta/session.update/wrong_type_session_0", "beta/response.create/huge_integer", "beta/audio/odd_length",
+    "conversation.item.retrieve/missing_item_id", "conversation.item.delete/unknown_field",
+    "session/one_bad_setting_among_good_ones", "beta/session/one_bad_setting_among_good_ones",
 }
 
 
