@@ -71,6 +71,12 @@ class UserTurn:
     stable_sent: str = ""
     transcriptions: list[tuple[int, asyncio.Task]] = field(default_factory=list)  # (audio end, decode)
     barged_in: bool = False
+    # silence Whisper gets before the turn's audio: the part of the prefix padding the stream
+    # did not hold (speech in its first 300 ms, or right after a clear or commit)
+    lead_pad: int = 0
+
+    def padded(self, audio: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.zeros(self.lead_pad, dtype=np.float32), audio]) if self.lead_pad else audio
 
     def transcription_of(self, end: int) -> asyncio.Task | None:
         """A decode of exactly the turn's audio up to `end` (not failed)."""
@@ -203,8 +209,11 @@ class Listener:
         log.debug("session %s: vad %s at %.2f s of input", self._session_id, turn_event.kind,
                   turn_event.sample / ASR_RATE)
         if turn_event.kind == "speech_started":
-            start = max(self._buffer.start, turn_event.sample - self._prefix_samples())
-            self.turn = UserTurn(new_id("item"), start, time.monotonic())
+            wanted = turn_event.sample - self._prefix_samples()
+            start = max(self._buffer.start, wanted)
+            # Whisper always gets the whole prefix: tiny.en heard "the capital of friends" with
+            # 100 ms of audio before "France" and "France" with 0, 50 or 300 ms
+            self.turn = UserTurn(new_id("item"), start, time.monotonic(), lead_pad=start - wanted)
             if self._judge is not None:
                 self._judge.forget()
             await self._send(p.server_event("input_audio_buffer.speech_started", item_id=self.turn.item_id,
@@ -251,7 +260,7 @@ class Listener:
             return await asyncio.shield(same)
         audio = self._buffer.slice(turn.start_sample, end)
         started = time.monotonic()
-        task = self._start_decode(audio)
+        task = self._start_decode(turn.padded(audio))
         turn.transcriptions = turn.transcriptions[-3:] + [(end, task)]
         text = await asyncio.shield(task)
         log.debug("session %s: %.1f s of speech transcribed in %.0f ms: %r", self._session_id,
@@ -347,7 +356,7 @@ class Listener:
                 return await asyncio.shield(same)
             except Exception:
                 log.exception("session %s: reusable transcription failed; decoding again", self._session_id)
-        return await self._start_decode(audio, final=True)
+        return await self._start_decode(turn.padded(audio), final=True)
 
     async def _finish_turn(self, turn: UserTurn, end: int, audio: np.ndarray, clock: TurnClock) -> None:
         """`audio`: the turn's samples (with a short tail of silence), copied when it ended."""
