@@ -7,7 +7,6 @@ and the frameworks log no schema error about anything the server sent."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from typing import Any
 
