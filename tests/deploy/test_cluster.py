@@ -97,12 +97,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                 process.wait()
 
 
-async def text_turn(ws, text: str = "Say hello.", max_tokens: int = 8, timeout_s: float = 120) -> dict:
-    """Asks for a text reply; returns its response.done."""
+async def ask_for_text_reply(ws, text: str, max_tokens: int) -> None:
     await ws.send(json.dumps({"type": "conversation.item.create", "item": {
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
     await ws.send(json.dumps({"type": "response.create",
                               "response": {"output_modalities": ["text"], "max_output_tokens": max_tokens}}))
+
+
+async def text_turn(ws, text: str = "Say hello.", max_tokens: int = 8, timeout_s: float = 120) -> dict:
+    """Asks for a text reply; returns its response.done."""
+    await ask_for_text_reply(ws, text, max_tokens)
 
     async def done() -> dict:
         async for message in ws:
@@ -112,6 +116,14 @@ async def text_turn(ws, text: str = "Say hello.", max_tokens: int = 8, timeout_s
         raise AssertionError(f"closed before response.done: {ws.close_code} {ws.close_reason}")
 
     return await asyncio.wait_for(done(), timeout_s)
+
+
+async def start_text_reply(ws, text: str, max_tokens: int) -> None:
+    """Asks for a text reply and returns once the server has started it (response.created)."""
+    await ask_for_text_reply(ws, text, max_tokens)
+    async for message in ws:
+        if json.loads(message)["type"] == "response.created":
+            return
 
 
 def replica_of(ws) -> str:
@@ -191,13 +203,7 @@ async def test_a_replica_killed_mid_session_ends_that_session_and_the_survivor_t
     async with connect(cluster.ws_url) as ws:
         victim = replica_of(ws)
         survivor = next(name for name in cluster.replicas if name != victim)
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story."}]}}))
-        await ws.send(json.dumps({"type": "response.create",
-                                  "response": {"output_modalities": ["text"], "max_output_tokens": 400}}))
-        async for message in ws:
-            if json.loads(message)["type"] == "response.created":
-                break
+        await start_text_reply(ws, "Tell me a long story.", 400)
         os.kill(cluster.replicas[victim]["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
 
@@ -282,13 +288,7 @@ async def test_sigterm_to_make_cluster_drains_every_replica_then_stops_nginx(tmp
         state = json.loads(state_file.read_text())
         run_dir = Path(state["run_dir"])
         async with connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
-            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a story."}]}}))
-            await ws.send(json.dumps({"type": "response.create",
-                                      "response": {"output_modalities": ["text"], "max_output_tokens": 32}}))
-            async for message in ws:
-                if json.loads(message)["type"] == "response.created":
-                    break
+            await start_text_reply(ws, "Tell me a story.", 32)
             process.send_signal(signal.SIGTERM)
             statuses = []
             with pytest.raises(websockets.ConnectionClosed):

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ..clients import silence
+from voice_app.realtime.event_feed import EventFeed
+
+from ..clients import first_match, silence
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +36,9 @@ class AgentsSession:
 
     def __init__(self, server):
         self.server = server
-        self.events: list[Any] = []
+        self._feed: EventFeed[Any] = EventFeed()
+        self.events = self._feed.items
         self.server_events: list[dict[str, Any]] = []
-        self._arrived = asyncio.Event()
 
     async def __aenter__(self) -> "AgentsSession":
         from agents import set_tracing_disabled
@@ -57,25 +59,12 @@ class AgentsSession:
 
     async def _read(self) -> None:
         async for event in self.session:
-            self.events.append(event)
             if event.type == "raw_model_event" and event.data.type == "raw_server_event":
                 self.server_events.append(event.data.data)
-            self._arrived.set()
+            self._feed.append(event)
 
     async def wait_for(self, predicate, timeout_s: float = 90.0, start: int = 0) -> Any:
-        async def scan():
-            index = start
-            while True:
-                while index < len(self.events):
-                    if predicate(self.events[index]):
-                        return self.events[index]
-                    index += 1
-                self._arrived.clear()
-                await self._arrived.wait()
-        try:
-            return await asyncio.wait_for(scan(), timeout_s)
-        except asyncio.TimeoutError:
-            raise AssertionError(f"no matching event in {timeout_s} s; got {[e.type for e in self.events]}") from None
+        return await first_match(self._feed, predicate, timeout_s, start, lambda: [e.type for e in self.events])
 
     def server_types(self) -> list[str]:
         return [e.get("type") for e in self.server_events]
@@ -135,17 +124,17 @@ class LiveKitSession:
 
     def __init__(self, server):
         self.server = server
-        self.server_events: list[dict[str, Any]] = []
+        self._feed: EventFeed[dict[str, Any]] = EventFeed()
+        self.server_events = self._feed.items
         self.errors: list[Any] = []
         self.generations: list[Any] = []
-        self._arrived = asyncio.Event()
 
     async def __aenter__(self) -> "LiveKitSession":
         from livekit.plugins.openai.realtime import RealtimeModel
 
         self.model = RealtimeModel(base_url=self.server.base_url + "/v1", api_key="sk-test-not-checked")
         self.session = self.model.session()
-        self.session.on("openai_server_event_received", self._on_server_event)
+        self.session.on("openai_server_event_received", self._feed.append)
         self.session.on("error", self.errors.append)
         self.session.on("generation_created", self.generations.append)
         return self
@@ -154,25 +143,9 @@ class LiveKitSession:
         await self.session.aclose()
         await self.model.aclose()
 
-    def _on_server_event(self, event: dict[str, Any]) -> None:
-        self.server_events.append(event)
-        self._arrived.set()
-
     async def wait_for_server_event(self, predicate, timeout_s: float = 90.0, start: int = 0) -> dict[str, Any]:
-        async def scan():
-            index = start
-            while True:
-                while index < len(self.server_events):
-                    if predicate(self.server_events[index]):
-                        return self.server_events[index]
-                    index += 1
-                self._arrived.clear()
-                await self._arrived.wait()
-        try:
-            return await asyncio.wait_for(scan(), timeout_s)
-        except asyncio.TimeoutError:
-            raise AssertionError(f"no matching event in {timeout_s} s; got "
-                                 f"{[e.get('type') for e in self.server_events]}") from None
+        return await first_match(self._feed, predicate, timeout_s, start,
+                                 lambda: [e.get("type") for e in self.server_events])
 
 
 async def read_generation(generation) -> tuple[str, int]:
