@@ -56,8 +56,10 @@ async def test_a_pause_starts_a_speculative_draft_before_the_turn_ends(speech_mo
     submitted_at_stop: list[int] = []
     log = EventLog(on_event=lambda e: submitted_at_stop.append(len(engine.submitted.items))
                    if e["type"] == "input_audio_buffer.speech_stopped" else None)
-    # a long end-of-turn silence leaves the pause's decode ample time even on a loaded machine
-    session, log = make_session(speech_models, engine, log, silence_duration_ms=1500)
+    # server_vad with a long end-of-turn silence leaves the pause's decode ample time even on a
+    # loaded machine (semantic_vad may end a finished question as soon as the pause is judged)
+    session, log = make_session(speech_models, engine, log, turn_detection="server_vad",
+                                silence_duration_ms=1500)
     await stream_audio(session.push_pcm16, np.concatenate([test_audio["question"], silence(2.0)]))
     await log.wait_for(lambda e: e["type"] == "response.done")
     assert submitted_at_stop[0] >= 1, "a draft was submitted while the user was still in the turn"
