@@ -431,25 +431,37 @@ async def run_fuzz(url: str, cases: list[FuzzCase], utterance: np.ndarray, heade
 async def churn(url: str, utterance: np.ndarray, cycles: int, headers: dict[str, str] | None = None) -> int:
     """Connect, speak part of a question (or all of it, and wait for a reply to start), leave
     (closing or just dropping the socket); returns the cycles that were refused a session."""
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed
-
     pcm = np.concatenate([utterance, np.zeros(WIRE_RATE, dtype=np.int16)]).astype("<i2").tobytes()
-    chunk, refused = WIRE_RATE // 5, 0  # 100 ms of PCM16
+    refused = 0
     for cycle in range(cycles):
+        refused += not await _visit(url, pcm, cycle, headers)
+    return refused
+
+
+async def _visit(url: str, pcm: bytes, cycle: int, headers: dict[str, str] | None) -> bool:
+    """One churn cycle; False when the server refused the session (at capacity)."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    chunk = WIRE_RATE // 5  # 100 ms of PCM16
+    try:
         async with connect(url, max_size=None, additional_headers=headers, ping_interval=None) as ws:
-            try:
-                await ws.recv()  # session.created, or a close 1013 at capacity
-            except ConnectionClosed:
-                refused += 1
-                continue
+            await ws.recv()  # session.created
             for offset in range(0, len(pcm) * (cycle % 4 + 1) // 4, chunk):
                 await ws.send(append_frame(pcm[offset:offset + chunk]))
             if cycle % 3 == 0:
                 await asyncio.sleep(1.5)  # a reply under way when it leaves
             if cycle % 2:
                 ws.transport.abort()  # gone without a closing handshake
-    return refused
+    except InvalidStatus as refusal:  # HTTP 503 at the handshake: at capacity
+        if refusal.response.status_code != 503:
+            raise
+        return False
+    except ConnectionClosed as closed:  # a server that accepts and then closes 1013
+        if closed.rcvd is None or closed.rcvd.code != 1013:
+            raise
+        return False
+    return True
 
 
 class LagSampler:

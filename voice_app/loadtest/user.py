@@ -172,8 +172,11 @@ class SimulatedUser:
         except Exception as exc:  # websockets' handshake errors (InvalidStatus, InvalidURI, ...)
             self.result.outcome, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
             response = getattr(exc, "response", None)  # a refused handshake still names its replica
-            if response is not None and self.result.replica is None:
-                self.result.replica = response.headers.get(REPLICA_HEADER)
+            if response is not None:
+                self.result.replica = self.result.replica or response.headers.get(REPLICA_HEADER)
+                if response.status_code == 503:  # at capacity or draining: the server's answer
+                    self.result.outcome = "refused"
+                    self.result.detail = f"HTTP 503: {bytes(response.body or b'').decode(errors='replace')[:300]}"
         return self.result
 
     def _wants_turn(self, number: int, started: float) -> bool:

@@ -164,15 +164,17 @@ class VoiceServer:
         # The openai SDK sends ?model= and an Authorization header; browsers send API keys as
         # subprotocols. AccessMiddleware has checked Host, Origin and (when set) the token.
         offered = websocket.scope.get("subprotocols") or []
-        if self.draining:  # an HTTP 503 handshake answer: nginx tries the next replica
-            await self._refuse_while_draining(websocket)
+        # Refusals are HTTP 503 handshake answers where the server can send them: nginx then
+        # tries the next replica, and a client sees why in the JSON body and `retry-after`.
+        if self.draining:
+            await self._refuse(websocket, "draining", CLOSE_SERVICE_RESTART,
+                               f"replica {self.replica} is shutting down; connect again (another replica will answer)")
+            return
+        if len(self.sessions) >= self.settings.max_sessions:
+            await self._refuse(websocket, "at_capacity", CLOSE_TRY_AGAIN_LATER,
+                               f"server is at capacity ({self.settings.max_sessions} sessions); retry later")
             return
         await websocket.accept(subprotocol=choose_subprotocol(offered))
-        if len(self.sessions) >= self.settings.max_sessions:
-            self.metrics.sessions_rejected.inc()
-            await websocket.close(code=CLOSE_TRY_AGAIN_LATER,
-                                  reason=f"server is at capacity ({self.settings.max_sessions} sessions); retry later")
-            return
         beta = is_beta_client(dict(websocket.headers), offered)  # the pre-GA event names and fields
         transport = WebSocketTransport(websocket, self.settings, beta)
         session = Session(self.models, self.settings, send=transport.send, metrics=self.metrics,
@@ -191,16 +193,16 @@ class VoiceServer:
             self.transports.pop(session, None)
             await session.close()
 
-    async def _refuse_while_draining(self, websocket: WebSocket) -> None:
+    async def _refuse(self, websocket: WebSocket, code: str, close_code: int, message: str) -> None:
         self.metrics.sessions_rejected.inc()
-        message = f"replica {self.replica} is shutting down; connect again (another replica will answer)"
         if "websocket.http.response" in websocket.scope.get("extensions", {}):
             await websocket.send_denial_response(JSONResponse(
-                {"error": {"type": "server_error", "code": "draining", "message": message}},
+                {"error": {"type": "server_error", "code": code, "message": message}},
                 # uvicorn adds its default headers to accepted handshakes only: name the replica here
                 status_code=503, headers={"retry-after": "1", REPLICA_HEADER: self.replica}))
-        else:
-            await websocket.close(code=CLOSE_SERVICE_RESTART, reason=message[:120])
+        else:  # a server without the denial extension can only accept and close
+            await websocket.accept()
+            await websocket.close(code=close_code, reason=message[:120])
 
 
 def uvicorn_config(app: Any, settings: Settings, replica: str | None = None) -> uvicorn.Config:

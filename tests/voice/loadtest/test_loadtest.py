@@ -95,7 +95,7 @@ def test_sessions_over_the_servers_limit_are_reported_refused(loadtest_server, t
     assert result.returncode == 0, result.stdout + result.stderr  # a refusal is the server's answer, not an error
     assert level["refused"] == 1 and level["errors"] == [] and level["turns_completed"] == 2
     refused = [o for o in level["session_outcomes"] if o["outcome"] == "refused"]
-    assert "1013" in refused[0]["detail"] and "capacity" in refused[0]["detail"]
+    assert "503" in refused[0]["detail"] and "at_capacity" in refused[0]["detail"]
 
 
 # ---- bad input ---------------------------------------------------------------------------------

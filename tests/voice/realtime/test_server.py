@@ -190,19 +190,26 @@ async def test_client_gone_mid_response_leaves_no_engine_request_or_tts_job(voic
     assert state["tts_live_jobs"] == 0
 
 
-async def test_sessions_over_capacity_are_refused_with_1013(voice_server):
+async def test_sessions_over_capacity_are_refused_at_the_handshake_with_503(voice_server):
+    """HTTP 503 before the upgrade (not an accepted socket closed 1013): a balancer in front
+    tries the next replica, and the client reads why."""
     max_sessions = voice_server.settings.max_sessions
     held = [await websockets.connect(voice_server.ws_url + "/realtime") for _ in range(max_sessions)]
     try:
         for ws in held:
             assert json.loads(await ws.recv())["type"] == "session.created"
-        async with websockets.connect(voice_server.ws_url + "/realtime") as extra:
-            with pytest.raises(websockets.ConnectionClosed) as info:
-                await asyncio.wait_for(extra.recv(), 10)
-        assert info.value.rcvd.code == 1013 and "capacity" in info.value.rcvd.reason
+        with pytest.raises(websockets.InvalidStatus) as info:
+            await websockets.connect(voice_server.ws_url + "/realtime")
+        response = info.value.response
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        error = json.loads(response.body)["error"]
+        assert error["code"] == "at_capacity" and "capacity" in error["message"]
     finally:
         for ws in held:
             await ws.close()
+    await wait_until_idle(voice_server)
+    async with websockets.connect(voice_server.ws_url + "/realtime") as again:  # room again
+        assert json.loads(await again.recv())["type"] == "session.created"
     await wait_until_idle(voice_server)
 
 
