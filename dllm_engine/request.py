@@ -17,7 +17,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Literal
 
-Mode = Literal["diffusion", "autoregressive"]
+# "auto": whichever of the two this engine measured faster on its machine (Engine.choose_mode)
+Mode = Literal["auto", "diffusion", "autoregressive"]
 
 
 class EngineError(Exception):
@@ -63,8 +64,8 @@ class GenerationParams:
     def validate(self) -> None:
         if self.max_new_tokens < 1 or self.max_new_tokens > 8192:
             raise EngineError(f"max_new_tokens must be in 1..8192, got {self.max_new_tokens}")
-        if self.mode not in ("diffusion", "autoregressive"):
-            raise EngineError(f"mode must be 'diffusion' or 'autoregressive', got {self.mode!r}")
+        if self.mode not in ("auto", "diffusion", "autoregressive"):
+            raise EngineError(f"mode must be 'auto', 'diffusion' or 'autoregressive', got {self.mode!r}")
         if self.block_size is not None and not 1 <= self.block_size <= 256:
             raise EngineError(f"block_size must be in 1..256, got {self.block_size}")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:

@@ -21,7 +21,8 @@ SUBCOMMAND_MODULES = ("voice_app.desktop.command", "voice_app.loadtest.command")
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """Flags every mode that loads models shares; they map onto Settings fields."""
     parser.add_argument("--engine-model", help="engine model name (default: smollm2-135m-bd)")
-    parser.add_argument("--engine-mode", choices=["diffusion", "autoregressive"])
+    parser.add_argument("--engine-mode", choices=["auto", "diffusion", "autoregressive"],
+                        help="auto (default): the faster on this machine, timed at startup")
     parser.add_argument("--engine-device", help="cpu, cuda, cuda:N (default auto: cuda when there is one)")
     parser.add_argument("--max-new-tokens", type=int, help="reply length cap in tokens")
     parser.add_argument("--reply-deadline-s", type=float,
@@ -64,7 +65,7 @@ def _register_serve(subparsers: Any) -> None:
     parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default 8765)")
     parser.add_argument("--web-dir", help="directory served at / (default web)")
-    parser.add_argument("--max-sessions", type=int, help="concurrent sessions before refusing (1013)")
+    parser.add_argument("--max-sessions", type=int, help="concurrent sessions before refusing (HTTP 503)")
     parser.add_argument("--replica-name", help="this replica's name in the x-voice-replica header "
                         "(default hostname:port)")
     parser.add_argument("--drain-grace-s", type=float, help="on SIGTERM, how long live replies may take to finish "

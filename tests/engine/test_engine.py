@@ -328,3 +328,29 @@ def test_score_tokens_give_the_next_token_probabilities_of_the_prompt(tiny_bd):
             engine.submit([10**9], GenerationParams(mode="autoregressive"))
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("chosen", ["diffusion", "autoregressive"])
+def test_mode_auto_runs_what_the_engine_chose(engine, chosen):
+    params = dict(max_new_tokens=8, block_size=4, threshold=0.05, stop_at_eos=False)
+    engine.auto_mode = chosen
+    auto = engine.generate(PROMPTS[2], GenerationParams(mode="auto", **params))
+    explicit = engine.generate(PROMPTS[2], GenerationParams(mode=chosen, **params))
+    assert auto.token_ids == explicit.token_ids
+    assert auto.stats.forward_passes == explicit.stats.forward_passes
+
+
+def test_choose_mode_times_both_modes_and_keeps_the_faster(engine):
+    speeds = engine.choose_mode(GenerationParams(block_size=4), new_tokens=6)
+    assert set(speeds) == {"diffusion", "autoregressive"} and all(rate > 0 for rate in speeds.values())
+    assert engine.auto_mode == max(speeds, key=speeds.get)
+    assert engine.live_requests == 0
+
+
+def test_mode_auto_on_an_autoregressive_model_is_autoregressive(tiny_llama_dir):
+    engine = Engine(load_model(str(tiny_llama_dir), dtype=torch.float32))
+    try:
+        assert engine.choose_mode() == {} and engine.auto_mode == "autoregressive"
+        assert engine.generate("Hi", GenerationParams(mode="auto", max_new_tokens=3)).stats.new_tokens >= 1
+    finally:
+        engine.close()

@@ -80,11 +80,17 @@ class ChatApi:
         except ApiError as error:
             return error_response(error)
         reply = Reply(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.engine.model_name, submitted.chat,
-                      submitted.prompt_tokens, self.settings.engine_mode)
+                      submitted.prompt_tokens, self.engine_mode)
         if submitted.chat.stream:
             return StreamingResponse(self.stream(reply, submitted), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self.whole_reply(request, reply, submitted)
+
+    @property
+    def engine_mode(self) -> str:
+        """The mode replies run in ("auto" resolved to what the engine measured faster)."""
+        mode = self.settings.engine_mode
+        return getattr(self.engine, "auto_mode", mode) if mode == "auto" else mode
 
     def submit(self, raw: bytes) -> "Submitted":
         chat = parse_chat_request(raw, self.settings.max_output_tokens_cap)

@@ -52,6 +52,9 @@ class LoadedModels:
         self.vad.stream().process(np.zeros(1024, dtype=np.float32))
         params = GenerationParams(max_new_tokens=2, mode=settings.engine_mode)
         self.engine.submit([{"role": "user", "content": "Hi."}], params).result()
+        choose_mode = getattr(self.engine, "choose_mode", None)
+        if settings.engine_mode == "auto" and choose_mode is not None:
+            choose_mode(GenerationParams(deadline_s=settings.reply_deadline_s))  # as replies are asked for
 
     def describe(self) -> dict[str, str]:
         """The models by name: file names only, never where this machine keeps them (/healthz
