@@ -4,14 +4,19 @@ The LLM already resident in the engine answers it: the probability that the user
 (the chat template's end-of-turn token) right after the transcript, in the conversation so
 far: one pass over a prompt whose head the prefix cache usually holds. SmolLM2 reads the
 punctuation Whisper writes, so "What is the capital of France?" scores ~0.6 and "What is the
-capital of" ~0.0. Without a verdict in time (a busy engine) the turn ends at server_vad's
-silence window.
+capital of" ~0.0. Two lexical checks keep the small model honest: words that end on "of",
+"the", "and" ... are unfinished whatever Whisper's punctuation says, and words that end a
+sentence but score low ("Hello.") wait server_vad's window rather than the eagerness's limit.
+Without a verdict in time (a busy engine) the turn ends at server_vad's silence window too.
+Verdicts are asked for each partial transcript as it comes (`prefetch`), so the one a pause
+needs is usually ready when the pause begins.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Callable
 
 from voice_app.core.models import Engine
@@ -21,6 +26,34 @@ log = logging.getLogger(__name__)
 
 VERDICT_TIMEOUT_S = 1.0  # a verdict later than this is not worth waiting for
 
+# Words a sentence hardly ends on. Whisper punctuates a thinking pause as if it ended a question
+# ("What is the capital of?"), and the model believes the punctuation (p = 0.51 there, 0.00
+# without the "?"): after one of these, the words are unfinished whatever the score.
+DANGLING_WORDS = frozenset("a an the and or but because of to at in on into my your his her its our their "
+                           "plus minus times than um uh er".split())
+
+
+# what people say to show they are listening, not to take the turn
+# (with the ways Whisper tiny spells "mm-hmm": "mm", "MM", "NMM", "Hmm", ...)
+BACKCHANNELS = {"mm", "mmm", "nmm", "hm", "hmm", "mhm", "mhmm", "mm-hmm", "mmhmm", "uh-huh", "uh", "um", "yeah",
+                "yes", "yep", "ok", "okay", "right", "sure", "i", "see", "got", "it", "oh", "ah", "wow", "nice", "cool",
+                "aha", "huh"}
+
+
+def is_false_interruption(transcript: str) -> bool:
+    """No words (a cough, a door), or a bare backchannel of at most three words."""
+    words = re.sub(r"[^a-z' -]+", " ", transcript.lower()).replace(" -", " ").split()
+    return len(words) <= 3 and all(word.strip("-") in BACKCHANNELS for word in words)
+
+
+def last_word(transcript: str) -> str:
+    words = re.sub(r"[^a-z0-9' ]+", " ", transcript.lower()).split()
+    return words[-1] if words else ""
+
+
+def ends_a_sentence(transcript: str) -> bool:
+    return transcript.rstrip().endswith((".", "?", "!"))
+
 
 class EndOfTurnJudge:
     def __init__(self, engine: Engine, conversation_with: Callable[[str], list[dict[str, str]]],
@@ -29,24 +62,49 @@ class EndOfTurnJudge:
         self._conversation_with = conversation_with  # the transcript as the pending user message
         self._fit = fit or (lambda messages: messages)  # trims the prompt to the context (blocking)
         self.threshold = threshold
-        self._cache: dict[str, float] = {}
+        self._verdicts: dict[str, asyncio.Task] = {}  # per transcript, asked or answered
 
     def forget(self) -> None:
         """A new turn: earlier verdicts were about another context."""
-        self._cache.clear()
+        self._verdicts.clear()
+
+    def close(self) -> None:
+        for task in self._verdicts.values():
+            task.cancel()
+        self._verdicts.clear()
+
+    def prefetch(self, transcript: str) -> None:
+        """Asks now, while the user may still be talking: when they stop after these words, the
+        verdict is ready instead of one engine round trip away."""
+        if transcript.strip() and last_word(transcript) not in DANGLING_WORDS:
+            self._verdict(transcript.strip())
 
     async def sounds_finished(self, transcript: str) -> bool | None:
-        """True or False, or None when the engine could not say in time."""
+        """True (the short silence ends the turn), False (unfinished: the eagerness's limit), or
+        None (server_vad's window): no verdict in time, or a low score for words that do end a
+        sentence ("Hello." scores 0.006: a greeting should not wait 1.6 s)."""
+        if last_word(transcript) in DANGLING_WORDS:
+            return False
         probability = await self.probability(transcript)
-        return None if probability is None else probability >= self.threshold
+        if probability is not None and probability >= self.threshold:
+            return True
+        return None if probability is None or ends_a_sentence(transcript) else False
 
     async def probability(self, transcript: str) -> float | None:
         """p(end of turn | conversation, transcript); None when the engine cannot say in time."""
         text = transcript.strip()
         if not text:
             return None
-        if text in self._cache:
-            return self._cache[text]
+        return await asyncio.shield(self._verdict(text))
+
+    def _verdict(self, text: str) -> asyncio.Task:
+        """The one engine request per transcript; a verdict that failed may be asked again."""
+        task = self._verdicts.get(text)
+        if task is None or (task.done() and (task.cancelled() or task.result() is None)):
+            task = self._verdicts[text] = asyncio.ensure_future(self._ask(text))
+        return task
+
+    async def _ask(self, text: str) -> float | None:
         messages = self._conversation_with(text)
         try:  # the chat template and the tokenizer run on a worker thread, not the event loop
             handle = await submit_off_loop(
@@ -60,9 +118,14 @@ class EndOfTurnJudge:
             handle.cancel()
             log.info("end-of-turn verdict for %r took over %.0f ms", text, VERDICT_TIMEOUT_S * 1000)
             return None
+        except asyncio.CancelledError:  # the session closed: no engine request nobody reads
+            handle.cancel()
+            raise
+        except Exception as exc:  # the request failed in the engine
+            log.info("no end-of-turn verdict for %r: %s", text, exc)
+            return None
         if not final.token_probs:
             return None
-        self._cache[text] = final.token_probs[0]
         log.debug("p(end of turn | %r) = %.3f", text, final.token_probs[0])
         return final.token_probs[0]
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from typing import Any, Awaitable, Callable
 
@@ -27,27 +26,19 @@ from voice_app.audio.pcm import WIRE_RATE, AudioFormatError, decode_base64_pcm16
 from voice_app.core.audio_sink import OpenSink, Send, WireAudioSink
 from voice_app.core.conversation import (ContextFitter, ContextTooLong, Conversation, ConversationItem,
                                          announce_evictions, new_id)
-from voice_app.core.end_of_turn import EndOfTurnJudge
+from voice_app.core.end_of_turn import EndOfTurnJudge, is_false_interruption
 from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.models import Models
 from voice_app.core.offload import submit_off_loop
 from voice_app.core.options import SessionOptions
 from voice_app.core.response import Response
+from voice_app.core.response_events import response_ended, response_started
+from voice_app.core.speculation import Speculation
 from voice_app.core.turns import Listener, TurnClock, UserTurn
 from voice_app.realtime import protocol as p
 from voice_app.settings import Settings
 
 log = logging.getLogger(__name__)
-
-# what people say to show they are listening, not to take the turn
-BACKCHANNELS = {"mm", "hmm", "mhm", "mm-hmm", "mmhmm", "uh-huh", "uh", "um", "yeah", "yes", "yep", "ok", "okay",
-                "right", "sure", "i", "see", "got", "it", "oh", "ah", "wow", "nice", "cool", "aha", "huh"}
-
-
-def is_false_interruption(transcript: str) -> bool:
-    """No words (a cough, a door), or a bare backchannel of at most three words."""
-    words = re.sub(r"[^a-z' -]+", " ", transcript.lower()).replace(" -", " ").split()
-    return len(words) <= 3 and all(word.strip("-") in BACKCHANNELS for word in words)
 
 LARGE_MESSAGE_CHARS = 1 << 20  # parsed on a worker thread, not the event loop (~1 ms a MiB)
 LARGE_AUDIO_CHARS = 1 << 16  # base64 decoded on a worker thread (~10 ms a MiB)
@@ -77,9 +68,7 @@ class Session:
         self._send_raw = send
         self._send_lock = asyncio.Lock()
         self._open_sink = open_sink or (lambda ids: WireAudioSink(self._send, ids))
-        self._speculation: Response | None = None
-        self._drafting: asyncio.Task | None = None  # a speculative draft being submitted
-        self._draft_text = ""  # the transcript the speculation (live or being submitted) answers
+        self._speculation = Speculation(self.id, self._draft, self._discard, self._spawn)
         self._start_lock = asyncio.Lock()  # one response starts at a time: at most one is active
         self._active: Response | None = None
         self._playing: Response | None = None  # finished sending, maybe still playing at the client
@@ -218,7 +207,7 @@ class Session:
 
     async def _on_input_audio_buffer_clear(self, event: p.InputAudioBufferClear) -> None:
         self.listener.clear()
-        self._drop_speculation()
+        self._speculation.drop()
         if self._active is not None and self._active.paused:  # the words that paused it are gone
             self._spawn(self._active.resume(), "resume")
         await self._send(p.server_event("input_audio_buffer.cleared"))
@@ -229,7 +218,7 @@ class Session:
             raise p.ProtocolError("invalid_value", f"item id {item.id!r} is already in the conversation",
                                   "item.id", event.event_id)
         previous = self.conversation.add(item)
-        self._drop_speculation()  # the context changed under it
+        self._speculation.drop()  # the context changed under it
         shape = p.message_item(item.id, item.role, item.text)
         await self._send(p.server_event("conversation.item.added", previous_item_id=previous, item=shape))
         await self._send(p.server_event("conversation.item.done", previous_item_id=previous, item=shape))
@@ -254,7 +243,7 @@ class Session:
             else:
                 messages = self.conversation.messages(system)
             if options.conversation != "none":
-                self._drop_speculation()
+                self._speculation.drop()
             response = await self._start_response(messages, audio_out, reply_tokens, event.event_id)
             response.metadata = options.metadata
             response.out_of_band = options.conversation == "none"
@@ -329,7 +318,7 @@ class Session:
         self.conversation.remove(item.id)
         if self._playing is not None and self._playing.item is item:
             self._playing = None
-        self._drop_speculation()  # the context changed under it
+        self._speculation.drop()  # the context changed under it
         await self._send(p.server_event("conversation.item.deleted", item_id=item.id))
 
     async def _on_output_audio_buffer_clear(self, event: p.OutputAudioBufferClear) -> None:
@@ -365,24 +354,27 @@ class Session:
             await self._interrupt(target, reason="turn_detected", send_cleared=True)
 
     def on_interim_transcript(self, text: str) -> None:
-        self._speculate(text)
+        self._speculation.redraft(text)
+
+    def reply_paused(self) -> bool:
+        return self._active is not None and self._active.paused
 
     async def on_end_of_turn(self, transcript: str, clock: TurnClock) -> None:
         paused = self._active if self._active is not None and self._active.paused else None
         if paused is not None and is_false_interruption(transcript):
             log.info("session %s: %r over %s was no interruption: resuming it", self.id, transcript, paused.id)
             self.metrics.false_interruptions_total.inc()
-            self._drop_speculation()
+            self._speculation.drop()
             self._spawn(paused.resume(), "resume")
             return
         if paused is not None:
             await self._interrupt(paused, reason="turn_detected", send_cleared=False)
         if not transcript.strip() or not self.options.turn_detection.create_response or self._active is not None:
-            self._drop_speculation()
+            self._speculation.drop()
             return
         await self._respond_to_turn(clock)
 
-    # ---- speculation ------------------------------------------------------------------------
+    # ---- prompts and drafts (core/speculation.py decides which draft is the reply) ----------
 
     def _system_prompt(self, instructions: str) -> str:
         """The session's instructions, after the server's spoken-style defaults unless they
@@ -398,31 +390,14 @@ class Session:
         return self.conversation.messages(self._system_prompt(self.options.instructions),
                                           pending_user_text=pending_user_text)
 
-    def _speculate(self, text: str) -> None:
-        """Drafts a reply to what the user has said so far; a newer transcript redrafts."""
-        if not text.strip() or text == self._draft_text:
-            return
-        self._drop_speculation()
-        log.debug("session %s: speculative draft for %r", self.id, text)
-        self._draft_text = text
-        self._drafting = self._spawn(self._draft(text), "draft")
-
-    async def _draft(self, text: str) -> None:
+    async def _draft(self, text: str) -> Response | None:
         messages = self._conversation_with(text)
         try:
-            self._speculation = await self._start_response(messages, self.options.audio_out,
-                                                           self.options.max_output_tokens, None, text, background=True)
+            return await self._start_response(messages, self.options.audio_out, self.options.max_output_tokens,
+                                              None, text, background=True)
         except p.ProtocolError as error:  # it will fail again at end of turn, and be reported then
             log.info("session %s: no speculative draft: %s", self.id, error.message)
-
-    def _drop_speculation(self) -> None:
-        if self._drafting is not None:
-            self._drafting.cancel()  # a submit under way cancels its request once it returns
-            self._drafting = None
-        if self._speculation is not None:
-            self._discard(self._speculation)
-            self._speculation = None
-        self._draft_text = ""
+            return None
 
     def _discard(self, response: Response) -> None:
         response.cancel()
@@ -431,24 +406,14 @@ class Session:
     async def _respond_to_turn(self, clock: TurnClock) -> None:
         async with self._start_lock:
             if self._active is not None:  # a client's response.create came first
-                self._drop_speculation()
+                self._speculation.drop()
                 return
-            drafting = self._drafting
-            if drafting is not None and not drafting.done():
-                await asyncio.wait([drafting])  # a draft being submitted: its prompt is ready in ms
+            await self._speculation.settle()
             messages = self.conversation.messages(self._system_prompt(self.options.instructions))
-            speculation, self._speculation = self._speculation, None
-            if self._drafting is not None:
-                self._drafting.cancel()  # a newer draft, begun while this one was awaited
-            self._drafting, self._draft_text = None, ""
-            if speculation is not None and not speculation.cancelled and speculation.prompt_messages == messages:
-                log.info("session %s: reusing the speculative draft %s", self.id, speculation.id)
-                response = speculation
+            response = self._speculation.take(messages)
+            if response is not None:
+                log.info("session %s: reusing the speculative draft %s", self.id, response.id)
             else:
-                if speculation is not None:
-                    log.debug("session %s: speculative draft %s was for %r; drafting again", self.id,
-                              speculation.id, speculation.source_text)
-                    self._discard(speculation)
                 try:
                     response = await self._start_response(messages, self.options.audio_out,
                                                           self.options.max_output_tokens, None)
@@ -500,20 +465,14 @@ class Session:
     async def _activate(self, response: Response, clock: TurnClock) -> None:
         log.debug("session %s: %s adopted", self.id, response.id)
         self._active = response
-        ids = {"response_id": response.id, "output_index": 0}
-        response.sink = self._open_sink({**ids, "item_id": response.item.id, "content_index": 0})
+        response.sink = self._open_sink({"response_id": response.id, "output_index": 0, "item_id": response.item.id,
+                                         "content_index": 0})
         previous = None
         if not response.out_of_band:
             previous = self.conversation.add(response.item)
             await announce_evictions(self.conversation, self._send)
-        await self._send(p.server_event("response.created", response=response.response_shape("in_progress")))
-        await self._send(p.server_event("response.output_item.added", **ids, item=response.item_event_shape()))
-        if not response.out_of_band:
-            await self._send(p.server_event("conversation.item.added", previous_item_id=previous,
-                                            item=response.item_event_shape()))
-        part = {"type": "audio", "transcript": ""} if response.audio_out else {"type": "text", "text": ""}
-        await self._send(p.server_event("response.content_part.added", **ids, item_id=response.item.id,
-                                        content_index=0, part=part))
+        for event in response_started(response, previous):
+            await self._send(event)
         response.adopt(self._send, self._on_response_finished, clock)
 
     # ---- barge-in and cancellation ----------------------------------------------------------
@@ -575,22 +534,8 @@ class Session:
     async def _end_response(self, response: Response, status: str, reason: str | None = None) -> None:
         if self._active is response:
             self._active = None
-        ids = {"response_id": response.id, "item_id": response.item.id, "output_index": 0, "content_index": 0}
-        if response.audio_out:
-            await self._send(p.server_event("response.output_audio.done", **ids))
-            await self._send(p.server_event("response.output_audio_transcript.done", **ids,
-                                            transcript=response.item.text))
-            part = {"type": "audio", "transcript": response.item.text}
-        else:
-            await self._send(p.server_event("response.output_text.done", **ids, text=response.item.text))
-            part = {"type": "text", "text": response.item.text}
-        await self._send(p.server_event("response.content_part.done", **ids, part=part))
-        item_shape = response.item_event_shape()
-        await self._send(p.server_event("response.output_item.done", response_id=response.id, output_index=0,
-                                        item=item_shape))
-        if not response.out_of_band:
-            await self._send(p.server_event("conversation.item.done", item=item_shape))
-        await self._send(p.server_event("response.done", response=response.response_shape(status, reason)))
+        for event in response_ended(response, status, reason):
+            await self._send(event)
         await self._report_turn_metrics(response)
 
     async def _report_turn_metrics(self, response: Response) -> None:

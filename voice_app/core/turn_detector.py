@@ -60,10 +60,11 @@ class TurnDetector:
         return COMPLETE_SILENCE_MS if self.finished_words else self.rules.silence_duration_ms
 
     def speech_ms(self) -> int:
-        """How long the current turn's speech has lasted (0 when not in speech)."""
+        """How long the current turn's speech has lasted, up to its last speech window: the
+        silence after a "mm-hmm" is no more of it (0 when not in speech)."""
         if not self.in_speech:
             return 0
-        return (self.windows_seen * VAD_WINDOW - self.speech_start_sample) * 1000 // ASR_RATE
+        return (self.last_speech_sample - self.speech_start_sample) * 1000 // ASR_RATE
 
     def feed(self, prob: float) -> list[TurnEvent]:
         start = self.windows_seen * VAD_WINDOW

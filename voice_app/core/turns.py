@@ -20,7 +20,7 @@ import numpy as np
 from voice_app.audio.buffer import InputBuffer
 from voice_app.audio.pcm import ASR_RATE, StreamResampler, int16_to_float
 from voice_app.core.conversation import Conversation, ConversationItem, announce_evictions, new_id
-from voice_app.core.end_of_turn import EndOfTurnJudge
+from voice_app.core.end_of_turn import EndOfTurnJudge, is_false_interruption
 from voice_app.core.models import VAD_WINDOW, Models
 from voice_app.core.options import TurnDetection
 from voice_app.core.turn_detector import TurnDetector, TurnEvent
@@ -99,6 +99,9 @@ class TurnHooks(Protocol):
 
     def on_interim_transcript(self, text: str) -> None:
         """What the user has said so far, worth drafting a reply to before the turn ends."""
+
+    def reply_paused(self) -> bool:
+        """A reply the user spoke over waits, paused, to learn whether it was interrupted."""
 
     async def on_end_of_turn(self, transcript: str, clock: TurnClock) -> None:
         """The turn is in the conversation with its final transcript."""
@@ -188,6 +191,8 @@ class Listener:
         """The session ended: its queued Whisper jobs are dropped (a running one finishes unread)."""
         for decode in list(self._decodes):
             decode.cancel()
+        if self._judge is not None:
+            self._judge.close()
 
     def clear(self) -> None:
         """input_audio_buffer.clear: the buffered audio and the open turn are forgotten."""
@@ -276,9 +281,12 @@ class Listener:
             last_decode = time.monotonic()
             if turn.transcription_covering(self._detector.last_speech_sample + REUSE_MARGIN_SAMPLES):
                 continue  # nothing said since the last decode (a pause): leave the CPU to drafting
-            partial = turn.agreement.update(await self._transcribe(turn, self._buffer.end))
+            text = await self._transcribe(turn, self._buffer.end)
             if turn is not self.turn:
                 return
+            if self._judge is not None and self._rules.semantic and not self._backchannel(text):
+                self._judge.prefetch(text)  # if these are the last words, the verdict is ready at the pause
+            partial = turn.agreement.update(text)
             await self._send(p.server_event("x_input_audio_transcription.partial", item_id=turn.item_id,
                                             stable=partial.stable, unstable=partial.unstable))
             if len(partial.stable) > len(turn.stable_sent):
@@ -305,6 +313,7 @@ class Listener:
                 text = await asyncio.shield(covering)
             except Exception:
                 text = None
+        from_partial = text is not None
         if text is None:
             text = await asyncio.shield(final_decode)
         if turn is not self.turn:
@@ -312,12 +321,31 @@ class Listener:
         self._hooks.on_interim_transcript(text)
         if self._judge is None or not self._rules.semantic:
             return
-        # no words (a cough, a door) is no sentence to wait out: that turn ends as quickly
-        finished = await self._judge.sounds_finished(text) if text.strip() else True
+        if await self._judge_words(turn, speech_end, text) is not True and from_partial:
+            # the partial may have missed the last word ("... 2 plus" for "... 2 plus 2?"): the
+            # decode up to the tail hears it all; judged again if it heard more
+            final_text = await asyncio.shield(final_decode)
+            if final_text != text and turn is self.turn:
+                self._hooks.on_interim_transcript(final_text)
+                await self._judge_words(turn, speech_end, final_text)
+
+    async def _judge_words(self, turn: UserTurn, speech_end: int, text: str) -> bool | None:
+        """semantic_vad's verdict on `text`, applied unless the user has spoken since."""
+        if not text.strip():
+            finished: bool | None = True  # no words (a cough, a door) is no sentence to wait out
+        elif self._backchannel(text):
+            finished = True  # a "mm-hmm" over a paused reply: end it soon, and the reply goes on
+        else:
+            finished = await self._judge.sounds_finished(text)
         if turn is self.turn and self._detector.last_speech_sample == speech_end:  # no new words since
             stop = self._detector.words_sound_finished(finished)
             if stop is not None:
                 await self._on_turn_event(stop)
+        return finished
+
+    def _backchannel(self, text: str) -> bool:
+        """Words that only acknowledge a reply the user spoke over (which waits, paused)."""
+        return self._hooks.reply_paused() and is_false_interruption(text)
 
     async def _decode_until_tail(self, turn: UserTurn, speech_end: int) -> str:
         """The decode the final transcript reuses if the turn ends at this pause: exactly its

@@ -350,3 +350,23 @@ async def test_talking_on_over_a_paused_reply_cuts_it_before_the_turn_ends():
     assert done["response"]["status"] == "cancelled"
     assert len(log.of_type("input_audio_buffer.speech_stopped")) == 1  # the question's: the talking goes on
     await session.close()
+
+
+async def test_under_semantic_vad_a_backchannel_over_a_paused_reply_ends_its_turn_without_the_judge():
+    """Words that only acknowledge ("mm-hmm", no full stop: the judge would call them unfinished
+    and wait the eagerness's limit) end their turn at the short silence, and the reply goes on."""
+    models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: LONG_REPLY, hold_after_words=10))
+    session, log, _ = make_session(models, ScriptedPlayer(position_ms=700), turn_detection="semantic_vad",
+                                   eagerness="low")
+    await say(session, models, QUESTION)
+    first = await log.wait_for(lambda e: e["type"] == "response.output_audio_transcript.delta")
+    await stream_audio(session.push_pcm16, np.concatenate([models.speech.say("mm-hmm"), silence(1.0)]),
+                       realtime=False)
+    await log.wait_for(lambda e: e["type"] == "output_audio_buffer.cleared")
+    first_stop = log.types().index("input_audio_buffer.speech_stopped")
+    await log.wait_for(lambda e: e["type"] == "input_audio_buffer.speech_stopped", start=first_stop + 1)
+    assert "mm-hmm" not in models.engine.judged  # no verdict needed: it only acknowledged
+    models.engine.release.set()
+    done = await log.wait_for(is_done(first["response_id"]))
+    assert done["response"]["status"] == "completed" and len(log.of_type("response.created")) == 1
+    await session.close()
