@@ -2,8 +2,9 @@
 
 At each pause (and each partial transcript that heard every word) the session asks for a
 draft; a newer text replaces the old draft. When the turn ends, the draft is adopted only if it
-answers exactly the prompt the final transcript gives; otherwise it is discarded and the reply
-is started afresh. Drafts are background engine requests (they yield the CPU to replies being
+answers the prompt the final transcript gives, word for word (Whisper's punctuation and case
+may differ between a partial and the final decode: "France." / "France?"); otherwise it is
+discarded and the reply is started afresh. Drafts are background engine requests (they yield the CPU to replies being
 heard) and are promoted when adopted.
 """
 
@@ -11,11 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Awaitable, Callable
 
 from voice_app.core.response import Response
 
 log = logging.getLogger(__name__)
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+
+
+def same_prompt(draft: list[dict[str, str]], final: list[dict[str, str]]) -> bool:
+    """The same conversation, and the same words in its last (the user's) message."""
+    if len(draft) != len(final) or not final or draft[:-1] != final[:-1]:
+        return False
+    return draft[-1]["role"] == final[-1]["role"] and words(draft[-1]["content"]) == words(final[-1]["content"])
 
 
 class Speculation:
@@ -62,15 +75,15 @@ class Speculation:
             await asyncio.wait([submitting])
 
     def take(self, messages: list[dict[str, str]]) -> Response | None:
-        """Ends the speculation: the draft when it answers exactly `messages`, else None (and
-        any draft is discarded)."""
+        """Ends the speculation: the draft when it answers `messages` (same_prompt), else None
+        (and any draft is discarded)."""
         draft, self._draft = self._draft, None
         if self._submitting is not None:
             self._submitting.cancel()  # a newer draft, begun while the caller waited
         self._submitting, self._text = None, ""
         if draft is None:
             return None
-        if not draft.cancelled and draft.prompt_messages == messages:
+        if not draft.cancelled and same_prompt(draft.prompt_messages, messages):
             return draft
         log.debug("session %s: speculative draft %s was for %r; drafting again", self._session_id, draft.id,
                   draft.source_text)

@@ -46,6 +46,17 @@ async def test_the_draft_is_the_reply_when_it_answers_the_final_prompt():
     assert speculation.take(user("What is the capital of France?")) is None  # taken once
 
 
+async def test_a_draft_whose_words_differ_only_in_punctuation_and_case_is_the_reply():
+    drafts = Drafts()
+    speculation = drafts.speculation()
+    speculation.redraft("What is the capital of France.")  # a partial; the final decode says "France?"
+    await speculation.settle()
+    assert speculation.take(user("what is the capital of France?")).id == "draft-1"
+    speculation.redraft("What is 2 plus 2?")
+    await speculation.settle()
+    assert speculation.take(user("What is 2 plus 3?")) is None  # a different word: a different question
+
+
 async def test_a_draft_for_other_words_is_discarded_at_the_end_of_the_turn():
     drafts = Drafts()
     speculation = drafts.speculation()
