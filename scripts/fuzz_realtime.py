@@ -1,4 +1,4 @@
-"""The realtime server's protocol fuzz, the whole corpus (voice_app/loadtest/fuzz.py: every client
+"""The realtime server's protocol fuzz, the whole corpus (voice_app/loadtest/fuzz_corpus.py: every client
 event type mutated, the edge cases of issue 18, GA and beta dialects), with a canary session
 asking a spoken question every few seconds; then, optionally, connect/speak/disconnect churn.
 Prints JSON (and a markdown table on stderr).

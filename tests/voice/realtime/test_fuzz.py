@@ -1,5 +1,5 @@
 """Protocol fuzz over a real websocket with a canary session (issue 18): a subset of
-voice_app/loadtest/fuzz.py's corpus, in both dialects; every case must hold and the canary
+voice_app/loadtest/fuzz_corpus.py, run by fuzz.py in both dialects; every case must hold and the canary
 must keep getting spoken replies. The whole corpus (~170 cases) runs in scripts/fuzz_realtime.py,
 which also reports the canary's audio gaps and the server's loop lag."""
 
