@@ -105,8 +105,8 @@ class EndOfTurnJudge:
         return task
 
     async def _ask(self, text: str) -> float | None:
-        messages = self._conversation_with(text)
         try:  # the chat template and the tokenizer run on a worker thread, not the event loop
+            messages = self._conversation_with(text)
             handle = await submit_off_loop(
                 lambda: self._engine.end_of_turn_probability(self._fit(messages), background=False))
         except Exception as exc:  # an overloaded or failed engine: the silence rule decides alone
