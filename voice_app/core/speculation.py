@@ -47,8 +47,8 @@ class Speculation:
         self._text = ""  # the transcript the draft (live or being submitted) answers
 
     def redraft(self, text: str) -> None:
-        """Drafts a reply to `text`, unless the current draft already answers it."""
-        if not text.strip() or text == self._text:
+        """Drafts a reply to `text`, unless the current draft already answers its words."""
+        if not text.strip() or words(text) == words(self._text):
             return
         self.drop()
         log.debug("session %s: speculative draft for %r", self._session_id, text)

@@ -39,6 +39,7 @@ async def test_the_draft_is_the_reply_when_it_answers_the_final_prompt():
     speculation = drafts.speculation()
     speculation.redraft("What is the capital of France?")
     speculation.redraft("What is the capital of France?")  # the same words: no second draft
+    speculation.redraft("what is the capital of France.")  # nor for other punctuation
     await speculation.settle()
     reply = speculation.take(user("What is the capital of France?"))
     assert drafts.started == ["What is the capital of France?"]
