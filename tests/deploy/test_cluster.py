@@ -199,6 +199,27 @@ def test_the_load_generator_counts_sessions_per_replica(cluster, tmp_path):
     assert "per replica: replica-1: 1 sessions (1 turns), replica-2: 1 sessions (1 turns)" in result.stdout
 
 
+async def test_a_full_replica_refuses_at_the_handshake_and_nginx_passes_the_session_on(cluster):
+    """replica-1 is filled behind nginx's back (nginx's least_conn counts only its own
+    connections, so it still picks it): its HTTP 503 sends every new session on to replica-2."""
+    full = cluster.replicas["replica-1"]
+    direct = f"ws://127.0.0.1:{full['port']}/v1/realtime"
+    held = [await connect(direct) for _ in range(4)]  # the cluster's --max-sessions
+    try:
+        for ws in held:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        through_nginx = [await connect(cluster.ws_url) for _ in range(3)]
+        try:
+            assert [replica_of(ws) for ws in through_nginx] == ["replica-2"] * 3
+            assert (await text_turn(through_nginx[0]))["response"]["status"] == "completed"
+        finally:
+            for ws in through_nginx:
+                await ws.close()
+    finally:
+        for ws in held:
+            await ws.close()
+
+
 async def test_a_replica_killed_mid_session_ends_that_session_and_the_survivor_takes_new_ones(cluster):
     async with connect(cluster.ws_url) as ws:
         victim = replica_of(ws)
