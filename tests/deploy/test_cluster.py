@@ -218,6 +218,15 @@ async def test_a_full_replica_refuses_at_the_handshake_and_nginx_passes_the_sess
     finally:
         for ws in held:
             await ws.close()
+    # nginx skips a replica for fail_timeout (5 s) after its 503: wait until it is picked again,
+    # so the tests after this one have both replicas
+    deadline = time.monotonic() + 60
+    while True:
+        async with connect(cluster.ws_url) as ws:
+            if replica_of(ws) == "replica-1":
+                break
+        assert time.monotonic() < deadline, "nginx never went back to the replica once it had room"
+        await asyncio.sleep(0.5)
 
 
 async def test_a_replica_killed_mid_session_ends_that_session_and_the_survivor_takes_new_ones(cluster):
