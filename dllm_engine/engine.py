@@ -31,6 +31,7 @@ import torch
 
 from dllm_engine.decoding import BlockCausalDecoder, DeadlineController, FullAttentionDecoder, make_policy
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
+from dllm_engine.memory import release_free_memory
 from dllm_engine.models.families import FAMILIES
 from dllm_engine.models.transformer import KVCache
 from dllm_engine.request import (DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle,
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BACKGROUND_EVERY", "DTYPES", "Engine", "resolve_device", "resolve_dtype"]
 
+TRIM_EVERY_S = 5.0  # an idle engine hands freed memory back at most this often
 _NO_MASK = -1  # placeholder for models without a mask token: only ever used in AR mode, never fed
 
 
@@ -69,6 +71,7 @@ class Engine:
         self._closing = False
         self._failure: str | None = None  # why the scheduler thread died, if it did
         self.last_step_at: float | None = None
+        self._trimmed_at = clock()
         self.scheduler = Scheduler(self.tokenizer.decode, clock, prefix_cache_entries)
         self._runner: ModelRunner | None = None
         self._ready = threading.Event()
@@ -287,6 +290,9 @@ class Engine:
 
     def _loop_once(self) -> bool:
         """One round: take new requests, drop cancelled ones, run one step; False once closed."""
+        if not self.scheduler.live and self.clock() - self._trimmed_at >= TRIM_EVERY_S:
+            release_free_memory()  # idle: the ended requests' caches go back to the OS (memory.py)
+            self._trimmed_at = self.clock()
         with self._lock:
             while not self.scheduler.live and not self._incoming and not self._closing:
                 self._lock.wait()
