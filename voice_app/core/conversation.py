@@ -143,20 +143,30 @@ class ContextFitter:
     """Trims a prompt to the context, oldest turns first, in time linear in the history: each
     message's token cost is counted once (by text, remembered) and the trim walks a running sum;
     one exact count of the kept prompt checks the estimate. Blocking (tokenizer work): sessions
-    call `fit` on a worker thread, never on the event loop."""
+    call `fit` on a worker thread, never on the event loop.
 
-    def __init__(self, counter: TokenCounter, context_tokens: int | None = None, remembered: int = 4096):
+    One fitter per conversation: it keeps the prompt's head still. Once a trim is needed it cuts
+    down to `low_water` of the budget and then keeps starting at that turn (the anchor) while
+    the prompt fits. A head that moved by one turn every turn would defeat the engine's prefix
+    cache: every draft, verdict and reply would prefill the whole history again (a 30-minute soak
+    measured replies 20 s late once the history filled the context)."""
+
+    def __init__(self, counter: TokenCounter, context_tokens: int | None = None, remembered: int = 4096,
+                 low_water: float = 0.5):
         self._counter = counter
         self.context_tokens = min(context_tokens or counter.max_context_tokens, counter.max_context_tokens)
+        self.low_water = low_water
         self._costs: dict[tuple[str, str], int] = {}
         self._remembered = remembered
+        self._anchor: tuple[int, tuple[str, str]] | None = None  # (index in the turns, its message)
         self._lock = threading.Lock()
 
     def fit(self, messages: list[dict[str, str]], reply_tokens: int) -> list[dict[str, str]]:
         budget = self.context_tokens - reply_tokens
         system = messages[:1] if messages and messages[0]["role"] == "system" else []
         turns = messages[len(system):]
-        kept = system + turns[self._first_that_fits(system, turns, budget):]
+        first = self._first_to_keep(system, turns, budget)
+        kept = system + turns[first:]
         needed = self._counter.count_tokens(kept) if kept else 0
         while needed > budget and len(kept) > len(system) + 1:
             kept.pop(len(system))  # the estimate was a few tokens short: one more turn goes
@@ -165,26 +175,47 @@ class ContextFitter:
             raise ContextTooLong(f"the prompt needs {needed} tokens but only {budget} of the {self.context_tokens} "
                                  f"context tokens are left after {reply_tokens} for the reply")
         if len(kept) < len(messages):
-            log.info("dropped %d old turns to fit %d tokens", len(messages) - len(kept), budget)
+            log.debug("dropped %d old turns to fit %d tokens", len(messages) - len(kept), budget)
+        first = len(turns) - (len(kept) - len(system))
+        with self._lock:
+            self._anchor = (first, _key(turns[first])) if first < len(turns) else None
         return kept
 
-    def _first_that_fits(self, system: list[dict[str, str]], turns: list[dict[str, str]], budget: int) -> int:
-        """The oldest turn to keep, by the running sum of the turns' costs."""
+    def _first_to_keep(self, system: list[dict[str, str]], turns: list[dict[str, str]], budget: int) -> int:
+        """The oldest turn to keep: the anchor while the prompt fits, else the turn that brings
+        the running sum of the turns' costs under the low-water mark."""
         if not turns:
             return 0
         costs = [self._cost(message) for message in turns]
         # the template's fixed part: the system prompt (or the one it supplies), the reply's header
-        total = self._counter.count_tokens(system + turns[-1:]) - costs[-1] + sum(costs)
-        first = 0
-        while first < len(turns) - 1 and total > budget:
+        fixed = self._counter.count_tokens(system + turns[-1:]) - costs[-1]
+        first = self._anchor_in(turns)
+        total = fixed + sum(costs[first:])
+        if total <= budget:
+            return first
+        target = min(budget, max(fixed + costs[-1], self.low_water * budget))
+        while first < len(turns) - 1 and total > target:
             total -= costs[first]
             first += 1
         return first
 
+    def _anchor_in(self, turns: list[dict[str, str]]) -> int:
+        """Where the last kept head starts now: at its old index, or before it when the
+        conversation forgot its oldest items since; 0 when it is gone."""
+        with self._lock:
+            anchor = self._anchor
+        if anchor is None:
+            return 0
+        index, key = anchor
+        for i in range(min(index, len(turns) - 1), -1, -1):
+            if _key(turns[i]) == key:
+                return i
+        return 0
+
     def _cost(self, message: dict[str, str]) -> int:
         """What one more copy of the message adds to a prompt: template-agnostic (a default
         system prompt or a generation header the template adds appears in both counts)."""
-        key = (message["role"], message["content"])
+        key = _key(message)
         with self._lock:
             cost = self._costs.get(key)
         if cost is None:
@@ -194,3 +225,7 @@ class ContextFitter:
                     self._costs.pop(next(iter(self._costs)))  # the oldest text first
                 self._costs[key] = cost
         return cost
+
+
+def _key(message: dict[str, str]) -> tuple[str, str]:
+    return message["role"], message["content"]

@@ -129,7 +129,8 @@ def test_history_is_trimmed_oldest_first_to_fit_the_context():
         conversation.add(ConversationItem(f"u{i}", "user", f"question {i} " + "word " * 3))
         conversation.add(ConversationItem(f"a{i}", "assistant", f"answer {i}"))
     counter = _TemplateCounter()
-    messages = ContextFitter(counter).fit(conversation.messages("be brief"), reply_tokens=10)
+    # low_water=1: a trim keeps as much as fits (the default cuts deeper, see the next test)
+    messages = ContextFitter(counter, low_water=1.0).fit(conversation.messages("be brief"), reply_tokens=10)
     assert messages[0] == {"role": "system", "content": "be brief"}
     assert messages[-1]["content"] == "answer 5"
     assert counter.count_tokens(messages) <= 20
@@ -142,12 +143,33 @@ def test_history_is_trimmed_oldest_first_to_fit_the_context():
     assert ContextFitter(counter, context_tokens=4096).context_tokens == 30, "never past the model's context"
 
 
+def test_a_growing_conversation_keeps_its_prompt_head_between_trims():
+    """The engine's prefix cache reuses a prompt's head: the fitter cuts down to half the budget
+    when it must, then keeps that head while the turns fit, instead of dropping one turn a turn."""
+    counter = _TemplateCounter()
+    counter.max_context_tokens = 60
+    fitter, conversation = ContextFitter(counter), Conversation()
+    heads, trims = [], 0
+    for i in range(40):
+        conversation.add(ConversationItem(f"u{i}", "user", f"question {i} word"))
+        conversation.add(ConversationItem(f"a{i}", "assistant", f"answer {i}"))
+        kept = fitter.fit(conversation.messages("be brief"), reply_tokens=10)
+        assert counter.count_tokens(kept) <= 50 and kept[-1]["content"] == f"answer {i}"
+        trims += bool(heads) and kept[1] != heads[-1]
+        heads.append(kept[1])
+    assert heads[-1]["content"] != "question 0 word", "the history outgrew the context"
+    assert trims <= 40 // 3, f"the head moved {trims} times in 40 turns"
+    # a draft's prompt (the pending user words appended) starts at the same head
+    draft = fitter.fit(conversation.messages("be brief", pending_user_text="and then"), reply_tokens=10)
+    assert draft[1] == heads[-1] or counter.count_tokens(draft) > 50 - 6
+
+
 def test_fitting_a_long_history_tokenizes_each_message_once():
     """The trim walks a running sum of per-message costs, remembered by text: thousands of
     items cost linear tokenizer work, not a re-render of the whole prompt per dropped turn."""
     counter = _TemplateCounter()
     counter.max_context_tokens = 4096
-    fitter = ContextFitter(counter)
+    fitter = ContextFitter(counter, low_water=1.0)  # as much as fits: a long kept tail
     messages = [{"role": "user" if i % 2 else "assistant", "content": f"turn {i} " + "word " * 200}
                 for i in range(2000)]
     history_words = sum(len(m["content"].split()) for m in messages)
