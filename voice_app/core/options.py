@@ -7,6 +7,7 @@ from typing import Any
 
 from voice_app.audio.pcm import WIRE_RATE
 from voice_app.realtime import protocol as p
+from voice_app.realtime.session_config import Refusal, SemanticVad, ServerVad, SessionConfig
 from voice_app.settings import Settings
 
 MAX_OUTPUT_TOKENS = 4096  # the most the Realtime API lets a client ask for a reply
@@ -43,7 +44,7 @@ class TurnDetection:
         """The silence that ends a turn whatever its words (server_vad: the only rule)."""
         return EAGERNESS_MAX_SILENCE_MS[self.eagerness] if self.semantic else self.silence_duration_ms
 
-    def update(self, vad: p.ServerVad | p.SemanticVad | None) -> None:
+    def update(self, vad: ServerVad | SemanticVad | None) -> None:
         self.enabled = vad is not None
         if vad is None:
             return  # the other values are kept for when it is turned on again
@@ -97,16 +98,16 @@ class SessionOptions:
                                   f"'inf', got {shown}", "max_output_tokens", event_id)
         return int(requested)
 
-    def update(self, config: p.SessionConfig) -> list[p.Refusal]:
+    def update(self, config: SessionConfig) -> list[Refusal]:
         """Applies a session.update's validated settings, each on its own: one out of the
         operator's range (max_output_tokens over the cap) is refused and returned, the others
         still apply."""
-        refused: list[p.Refusal] = []
+        refused: list[Refusal] = []
         if config.max_output_tokens is not None:
             try:
                 self.max_output_tokens = self.reply_tokens(config.max_output_tokens)
             except p.ProtocolError as error:
-                refused.append(p.Refusal("max_output_tokens", error.message))
+                refused.append(Refusal("max_output_tokens", error.message))
         if config.instructions is not None:
             self.instructions = config.instructions
         if config.output_modalities is not None:

@@ -36,6 +36,7 @@ from voice_app.core.response_events import response_ended, response_started
 from voice_app.core.speculation import Speculation
 from voice_app.core.turns import Listener, TurnClock, UserTurn
 from voice_app.realtime import protocol as p
+from voice_app.realtime.session_config import applied_settings, session_config
 from voice_app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -177,13 +178,13 @@ class Session:
     async def _on_session_update(self, event: p.SessionUpdate) -> None:
         """Applies every setting it can; the refused ones are named in an `error` (with what was
         applied), and session.updated shows the session as it now is."""
-        config, refused = p.session_config(event.session)
+        config, refused = session_config(event.session)
         refused += self.options.update(config)
         if config.x_events is not None:
             self.x_events = config.x_events
         if refused:
             names = {r.param for r in refused}
-            applied = [name for name in p.applied_settings(config) if name not in names]
+            applied = [name for name in applied_settings(config) if name not in names]
             await self.send_error(p.ProtocolError(
                 "invalid_value" if any(not r.unsupported for r in refused) else "unsupported_value",
                 "session.update: not applied: " + "; ".join(f"{r.param} ({r.message})" for r in refused)
