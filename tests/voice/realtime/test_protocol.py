@@ -7,8 +7,8 @@ import json
 import pytest
 
 from voice_app.realtime.protocol import (CLIENT_EVENT_TYPES, InputAudioBufferAppend, ProtocolError,
-                                         SessionUpdate, applied_settings, parse_client_event, session_config,
-                                         with_x_events)
+                                         SessionUpdate, parse_client_event, with_x_events)
+from voice_app.realtime.session_config import applied_settings, session_config
 
 
 def _error(raw: str | bytes, max_bytes: int = 10000) -> ProtocolError:
