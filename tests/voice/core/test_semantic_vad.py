@@ -8,7 +8,7 @@ import numpy as np
 from voice_app.core.options import COMPLETE_SILENCE_MS, EAGERNESS_MAX_SILENCE_MS
 
 from ..clients import silence, stream_audio
-from ..fakes import WORD_S, ScriptedModels
+from ..fakes import WORD_S
 from .test_session import is_done, make_session
 
 QUESTION = "What is the capital of Spain?"

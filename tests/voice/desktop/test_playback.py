@@ -29,7 +29,8 @@ async def test_replies_are_resampled_to_the_device_rate():
     sink = speaker.open_sink({})
     for _ in range(10):
         await sink.push(np.full(2400, 1000, dtype=np.int16))  # 1 s at 24 kHz in 100 ms chunks
-    queued_s = sink.left_ms() / 1000
-    assert 0.9 < queued_s <= 1.0  # the resampler holds back a few milliseconds until more comes
+    queued_samples = sink.left_ms() * 48  # at the device's 48 kHz
+    # an amount of audio: 1 s in, all but the few samples the resampler holds back until more comes
+    assert 0.9 * 48000 < queued_samples <= 48000
     speaker.pull(48000)
-    assert sink.heard_ms() == queued_s * 1000 and sink.left_ms() == 0.0
+    assert sink.heard_ms() * 48 == queued_samples and sink.left_ms() == 0.0
