@@ -21,6 +21,7 @@ from typing import Callable
 
 from voice_app.core.models import Engine
 from voice_app.core.offload import submit_off_loop
+from voice_app.core.speech_text import words
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ def is_false_interruption(transcript: str) -> bool:
 
 
 def last_word(transcript: str) -> str:
-    words = re.sub(r"[^a-z0-9' ]+", " ", transcript.lower()).split()
-    return words[-1] if words else ""
+    spoken = words(transcript)
+    return spoken[-1] if spoken else ""
 
 
 def ends_a_sentence(transcript: str) -> bool:

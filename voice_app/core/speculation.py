@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from typing import Awaitable, Callable
 
 from voice_app.core.response import Response
+from voice_app.core.speech_text import words
 
 log = logging.getLogger(__name__)
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
 
 
 def same_prompt(draft: list[dict[str, str]], final: list[dict[str, str]]) -> bool:

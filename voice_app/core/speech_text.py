@@ -24,6 +24,14 @@ _SYMBOL_WORDS = {
 }
 _DROPPED = set("*#_~`|<>[]{}^\\")
 
+_NOT_A_WORD = re.compile(r"[^a-z0-9' ]+")
+
+
+def words(text: str) -> list[str]:
+    """The words of a transcript, for comparing: lower case, punctuation gone, digits kept."""
+    return _NOT_A_WORD.sub(" ", text.lower()).split()
+
+
 _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+(?=\S)")
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from voice_app.core.speech_text import words
 
 if TYPE_CHECKING:
     from voice_app.loadtest.user import SessionResult, TurnResult
@@ -21,8 +22,7 @@ NUMBER_WORDS = dict(enumerate("zero one two three four five six seven eight nine
 
 def normalized_words(text: str) -> list[str]:
     """Lower case, no punctuation, small numbers spelled out (Whisper writes '2' for 'two')."""
-    words = re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
-    return [NUMBER_WORDS.get(int(word), word) if word.isdigit() else word for word in words]
+    return [NUMBER_WORDS.get(int(word), word) if word.isdigit() else word for word in words(text)]
 
 
 def word_errors(reference: str, hypothesis: str) -> int:
