@@ -50,6 +50,31 @@ class EventLog:
         return await first_match(self._feed, predicate, timeout, start, self.types)
 
 
+class GatedLog(EventLog):
+    """An EventLog whose transport can stall: `hold(predicate)` makes the next matching event's
+    send wait (as a slow websocket write does, holding the session's send lock) until the
+    returned gate is set; `stalled` is set once an event waits there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._holds: list[tuple[Callable[[dict[str, Any]], bool], asyncio.Event]] = []
+        self.stalled = asyncio.Event()
+
+    def hold(self, predicate: Callable[[dict[str, Any]], bool]) -> asyncio.Event:
+        gate = asyncio.Event()
+        self._holds.append((predicate, gate))
+        return gate
+
+    async def send(self, event: dict[str, Any]) -> None:
+        for index, (predicate, gate) in enumerate(self._holds):
+            if predicate(event):
+                del self._holds[index]
+                self.stalled.set()
+                await gate.wait()
+                break
+        await super().send(event)
+
+
 def silence(seconds: float) -> np.ndarray:
     return np.zeros(int(24000 * seconds), dtype=np.int16)
 

@@ -115,21 +115,37 @@ class ScriptedSynthesizer:
 
 
 class ScriptedSink:
+    """core.audio_sink.AudioSink with the epoch rule, counting what it played and dropped.
+    `gate`: when set, each push waits for it after the sender's decision and before the
+    sink's check, as a websocket push waits for the send lock: a test can clear the sink in
+    exactly that gap."""
+
     def __init__(self, player: "ScriptedPlayer", ids: dict[str, Any]):
         self.ids = ids
         self._player = player
-        self.pushed_samples = 0
-        self.pushed_after_clear = 0
+        self.epoch = 0
+        self.pushed_samples = 0  # played (every epoch)
+        self.pushed_after_clear = 0  # chunks played in an epoch after the first clear
+        self.dropped_chunks = 0  # pushes the epoch rule refused
         self.cleared_at_ms: float | None = None
+        self.gate: asyncio.Event | None = None
+        self.waiting_at_gate = asyncio.Event()
         self._pushed = asyncio.Event()
 
-    async def push(self, chunk: np.ndarray) -> None:
+    async def push(self, chunk: np.ndarray, epoch: int) -> bool:
+        if self.gate is not None:
+            self.waiting_at_gate.set()
+            await self.gate.wait()
+        if epoch != self.epoch:
+            self.dropped_chunks += 1
+            return False
         self.pushed_samples += len(chunk)
         self.pushed_after_clear += self.cleared_at_ms is not None
         self._pushed.set()
+        return True
 
     async def wait_pushed(self, samples: int) -> None:
-        """Until at least this many samples were pushed (in all, replays included)."""
+        """Until at least this many samples were played (in all, replays included)."""
         while self.pushed_samples < samples:
             self._pushed.clear()
             await asyncio.wait_for(self._pushed.wait(), 10)
@@ -144,7 +160,11 @@ class ScriptedSink:
 
     def clear(self) -> float:
         self.cleared_at_ms = self.heard_ms()
+        self.epoch += 1
         return self.cleared_at_ms
+
+    def close(self) -> None:
+        self.epoch += 1
 
 
 class ScriptedPlayer:

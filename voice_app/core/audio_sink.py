@@ -4,6 +4,13 @@ Each adopted response gets its own sink from the transport. `push` hands it repl
 24 kHz) in order; `heard_ms` is how far playback has got; `clear` drops what is not played yet
 and says how much was. Barge-in truncates the assistant's turn in the history with what `clear`
 returns, so the history holds what was really heard wherever the transport can tell.
+
+The sink is also the one gate reply audio passes on its way out, and it enforces the barge-in
+guarantee: every `clear` (and `close`) advances the sink's `epoch`, and a chunk is played only
+if the epoch its sender read when it decided to send is still the sink's epoch at the moment
+it leaves (for the websocket: under the session's send lock, right before the frame is
+written). So nothing decided before a clear can follow it, whatever the tasks' interleaving.
+A paused reply that resumes reads the new epoch and speaks in it.
 """
 
 from __future__ import annotations
@@ -17,10 +24,17 @@ from voice_app.audio.pcm import WIRE_RATE, encode_base64_pcm16
 from voice_app.realtime.protocol import server_event
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+# the session's send with a guard: the event goes out only if still_current() holds when it
+# leaves (checked under the session's send lock); returns whether it went out
+GuardedSend = Callable[[dict[str, Any], Callable[[], bool] | None], Awaitable[bool]]
 
 
 class AudioSink(Protocol):
-    async def push(self, chunk: np.ndarray) -> None: ...
+    epoch: int  # advanced by every clear() and close()
+
+    async def push(self, chunk: np.ndarray, epoch: int) -> bool:
+        """Plays the chunk unless the sink's epoch moved on from `epoch` before it left;
+        returns whether it was played (False: dropped by a clear that came first)."""
 
     def heard_ms(self) -> float: ...
 
@@ -28,8 +42,11 @@ class AudioSink(Protocol):
         """Audio pushed but not heard yet (0 once cleared)."""
 
     def clear(self) -> float:
-        """Drops the audio not played yet; returns heard_ms at that moment. Audio pushed after
-        a clear plays on from there (a paused reply resumed)."""
+        """Drops the audio not played yet and advances the epoch; returns heard_ms at that
+        moment. Audio pushed in the new epoch plays on from there (a paused reply resumed)."""
+
+    def close(self) -> None:
+        """The response is over (cancelled): the epoch advances, nothing more is played."""
 
 
 # the transport's factory: the response's ids (response_id, item_id, output_index,
@@ -49,22 +66,28 @@ class WireAudioSink:
     with `conversation.item.truncate`, and the session takes its word instead.
     """
 
-    def __init__(self, send: Send, ids: dict[str, Any], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, send: GuardedSend, ids: dict[str, Any], clock: Callable[[], float] = time.monotonic):
         self._send = send
         self._ids = ids
         self._clock = clock
+        self.epoch = 0
         self._base_ms = 0.0  # heard before the last clear
         self._sent = 0  # samples since then
         self._started_at: float | None = None
         self._cleared_at_ms: float | None = None
 
-    async def push(self, chunk: np.ndarray) -> None:
+    async def push(self, chunk: np.ndarray, epoch: int) -> bool:
+        event = server_event("response.output_audio.delta", **self._ids, delta=encode_base64_pcm16(chunk))
+        # decided and counted at the moment the frame leaves, under the session's send lock
+        return await self._send(event, lambda: epoch == self.epoch and self._count(len(chunk)))
+
+    def _count(self, samples: int) -> bool:
         if self._cleared_at_ms is not None:  # a resumed reply: playback restarts where it stopped
             self._base_ms, self._sent, self._started_at, self._cleared_at_ms = self._cleared_at_ms, 0, None, None
         if self._started_at is None:
             self._started_at = self._clock()
-        await self._send(server_event("response.output_audio.delta", **self._ids, delta=encode_base64_pcm16(chunk)))
-        self._sent += len(chunk)
+        self._sent += samples
+        return True
 
     def heard_ms(self) -> float:
         if self._cleared_at_ms is not None:
@@ -79,4 +102,8 @@ class WireAudioSink:
     def clear(self) -> float:
         """The session tells the client to drop its queue (output_audio_buffer.cleared)."""
         self._cleared_at_ms = self.heard_ms()
+        self.epoch += 1
         return self._cleared_at_ms
+
+    def close(self) -> None:
+        self.epoch += 1

@@ -37,6 +37,7 @@ class ConversationItem:
     audio: bool = False  # user: came from speech; assistant: was spoken
     status: str = "completed"
     pieces: list[SpokenPiece] = field(default_factory=list)  # assistant audio, in order
+    in_prompt: bool = True  # False: kept for the client, but the engine no longer sees it
 
     @property
     def audio_ms(self) -> float:
@@ -105,6 +106,16 @@ class Conversation:
             self.items.remove(item)
         return item is not None
 
+    def dismiss(self, command: ConversationItem) -> None:
+        """A stop command ("Stop.", "Never mind."): it and the reply it cut off stay in the
+        conversation but leave the prompt, so the next question is answered on its own and
+        the cut reply does not leak into it."""
+        command.in_prompt = False
+        index = self.items.index(command) if command in self.items else len(self.items)
+        before = [item for item in self.items[:index] if item.role == "assistant"]
+        if before and before[-1].status == "incomplete":
+            before[-1].in_prompt = False
+
     def take_evicted(self) -> list[str]:
         evicted, self.evicted = self.evicted, []
         return evicted
@@ -125,6 +136,8 @@ class Conversation:
         that cut it off (SmolLM2 did, with or without a marker saying it was interrupted)."""
         messages = [{"role": "system", "content": instructions}] if instructions else []
         for item in self.items:
+            if not item.in_prompt:
+                continue
             text = whole_sentences(item.text) if item.role == "assistant" and item.status == "incomplete" else item.text
             if text.strip():
                 messages.append({"role": item.role, "content": text})

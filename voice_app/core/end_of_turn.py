@@ -47,6 +47,29 @@ def is_false_interruption(transcript: str) -> bool:
     return len(words) <= 3 and all(word.strip("-") in BACKCHANNELS for word in words)
 
 
+# A whole turn that only tells the assistant to stop: it cuts the reply and gets no reply of its
+# own (answering "Stop." made SmolLM2 carry on with the story it cut).
+STOP_COMMANDS = frozenset({
+    "stop", "stop it", "stop that", "stop talking", "stop stop", "wait", "wait wait", "hold on", "hang on",
+    "never mind", "nevermind", "be quiet", "quiet", "silence", "enough", "that's enough", "that is enough",
+    "cancel", "pause", "shut up", "no stop", "stop please", "please stop", "ok stop", "okay stop",
+})
+_COMMAND_FILLERS = frozenset("ok okay oh um uh hey no please now thanks".split())
+_HUSH = re.compile(r"^(s?h+|shh+|sh+h*|shush|hush)$")  # "Shh", "Shhh", "Sh", "Hush"
+
+
+def is_stop_command(transcript: str) -> bool:
+    """"Stop.", "Wait.", "Hold on.", "Never mind.", "Be quiet.", "Shh" and the like, alone."""
+    spoken = [w.strip("-") for w in words(transcript)]
+    while spoken and spoken[0] in _COMMAND_FILLERS and " ".join(spoken) not in STOP_COMMANDS:
+        spoken = spoken[1:]
+    while spoken and spoken[-1] in _COMMAND_FILLERS and " ".join(spoken) not in STOP_COMMANDS:
+        spoken = spoken[:-1]
+    if not spoken:
+        return False
+    return " ".join(spoken) in STOP_COMMANDS or all(_HUSH.match(w) for w in spoken)
+
+
 def last_word(transcript: str) -> str:
     spoken = words(transcript)
     return spoken[-1] if spoken else ""

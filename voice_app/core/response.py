@@ -6,6 +6,11 @@ A response starts *speculative* (drafted from a partial transcript, nothing sent
 task sends everything the response produces, in order (events to `send`, audio to the
 transport's AudioSink), and checks `cancelled` right before each send: once the session cancels
 a response, not one more event or chunk of its audio goes out.
+
+Audio and its transcript deltas carry the sink's epoch (core/audio_sink.py): the response reads
+it when it is allowed to speak (adoption, a resume) and every chunk and transcript delta is sent
+only if that epoch is still the sink's when it leaves. A clear (barge-in, pause) advances the
+epoch, so nothing decided before it can follow it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import numpy as np
@@ -38,6 +44,17 @@ AUDIO_LEAD_MS = 1500
 
 class EngineSilent(Exception):
     """The engine sent no update for the response's inactivity timeout."""
+
+
+@dataclass
+class SpokenSentence:
+    """A synthesised sentence the speaker has started to send: kept for a resume."""
+
+    text: str
+    samples: np.ndarray
+    start: int  # its first sample in the reply's audio
+    pushed: int = 0  # samples of it handed to the sink so far (a clear may have dropped some)
+    announced: bool = False  # its transcript delta reached the client
 
 
 class Response:
@@ -69,7 +86,8 @@ class Response:
         self._audio_ahead = asyncio.Semaphore(AUDIO_AHEAD_SENTENCES)
         self.audio_waiting = 0  # synthesised sentences the speaker has not taken yet (<= AUDIO_AHEAD_SENTENCES)
         self._audio_lead_ms = audio_lead_ms
-        self._pcm: list[np.ndarray] = []  # every chunk sent to the sink, to replay after a pause
+        self._spoken: list[SpokenSentence] = []  # what a resume replays from
+        self._epoch = 0  # the sink epoch this response may speak in (see the module docstring)
         self._unpaused = asyncio.Event()  # cleared while the user talks over the reply
         self._unpaused.set()
         self.sink: AudioSink | None = None  # the listener's player, set by the session on activation
@@ -107,6 +125,7 @@ class Response:
         """Makes the response real: from now on its events go to `send`, its audio to `sink`."""
         assert self.sink is not None, "the session gives an adopted response its sink first"
         self._send, self._on_finished, self.clock = send, on_finished, clock
+        self._epoch = self.sink.epoch
         self.handle.promote()  # a speculative draft now has a listener: full engine priority
         if self.last_update is not None and self.last_update.draft_text and clock.first_draft_at is None:
             clock.first_draft_at = time.monotonic()
@@ -123,6 +142,8 @@ class Response:
             return
         self.cancelled = True
         self.handle.cancel()
+        if self.sink is not None:
+            self.sink.close()  # a chunk already on its way to the sink is dropped there
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()
@@ -224,8 +245,17 @@ class Response:
         assert self._send is not None
         await self._send(server_event(event_type, **fields))
 
+    async def _emit_in(self, epoch: int, event_type: str, **fields: Any) -> bool:
+        """An audio-side event: sent only if `epoch` is still the sink's when it leaves."""
+        if self.cancelled:
+            raise asyncio.CancelledError
+        assert self._send is not None and self.sink is not None
+        sink = self.sink
+        return await self._send(server_event(event_type, **fields),
+                                lambda: not self.cancelled and sink.epoch == epoch)
+
     async def _speak(self) -> None:
-        ids = {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+        ids = self._ids()
         try:
             while True:
                 kind, payload = await self._outbox.get()
@@ -235,7 +265,7 @@ class Response:
                 elif kind == "audio":
                     self._audio_ahead.release()
                     self.audio_waiting -= 1
-                    await self._send_sentence_audio(ids, *payload)
+                    await self._send_sentence_audio(*payload)
                 elif kind == "text":
                     self.spoken_text = f"{self.spoken_text} {payload}".strip()
                     await self._emit("response.output_text.delta", **ids, delta=payload + " ")
@@ -260,10 +290,12 @@ class Response:
                          committed_text=update.committed_text, draft_text=update.draft_text,
                          step=update.step, tokens_per_forward=round(update.stats.tokens_per_forward, 3))
 
-    async def _send_sentence_audio(self, ids: dict[str, Any], sentence: str, samples: np.ndarray) -> None:
-        self.item.pieces.append(SpokenPiece(sentence, ms_of(self.audio_sent_samples), ms_of(len(samples))))
+    async def _send_sentence_audio(self, sentence: str, samples: np.ndarray) -> None:
+        spoken = SpokenSentence(sentence, samples, self.audio_sent_samples)
+        self._spoken.append(spoken)
+        self.item.pieces.append(SpokenPiece(sentence, ms_of(spoken.start), ms_of(len(samples))))
         self.spoken_text = f"{self.spoken_text} {sentence}".strip()
-        await self._emit("response.output_audio_transcript.delta", **ids, delta=sentence + " ")
+        await self._announce(spoken, self._epoch)
         assert self.sink is not None
         for offset in range(0, len(samples), AUDIO_CHUNK_SAMPLES):
             chunk = samples[offset : offset + AUDIO_CHUNK_SAMPLES]
@@ -272,15 +304,27 @@ class Response:
                 self.clock.first_audio_at = time.monotonic()
             if self.cancelled:  # not one more chunk once cut off
                 raise asyncio.CancelledError
-            await self.sink.push(chunk)
-            self._pcm.append(chunk)
-            self.audio_sent_samples += len(chunk)
+            # counted as sent even when a clear drops it on the way: a resume replays it
+            spoken.pushed = offset + len(chunk)
+            self.audio_sent_samples = spoken.start + spoken.pushed
+            await self.sink.push(chunk, self._epoch)
+
+    async def _announce(self, spoken: SpokenSentence, epoch: int) -> bool:
+        """The sentence's transcript delta, in `epoch` (a resume re-sends one a clear dropped)."""
+        if not spoken.announced:
+            spoken.announced = await self._emit_in(epoch, "response.output_audio_transcript.delta",
+                                                   **self._ids(), delta=spoken.text + " ")
+        return spoken.announced
+
+    def _ids(self) -> dict[str, Any]:
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
 
     async def _when_room_to_send(self) -> None:
         """Not while paused, and no further than the lead ahead of what has been heard."""
         assert self.sink is not None
         while True:
-            await self._unpaused.wait()
+            while self.paused:  # a loop: the reply may pause again between a resume and this task running
+                await self._unpaused.wait()
             ahead = self.sink.left_ms()
             if self._audio_lead_ms <= 0 or ahead <= self._audio_lead_ms:
                 return
@@ -292,26 +336,39 @@ class Response:
     def paused(self) -> bool:
         return not self._unpaused.is_set()
 
-    def pause(self) -> float:
-        """The user talks over it: the listener's queued audio is dropped (the sink's clear) and
-        nothing more is sent, but the reply goes on being made. Returns the heard position."""
-        assert self.sink is not None
+    def pause(self, heard_ms: float) -> None:
+        """The user talks over it (the session has cleared its sink): nothing more is sent, but
+        the reply goes on being made. `heard_ms`: where playback stopped."""
         self._unpaused.clear()
-        self.paused_at_ms = self.sink.clear()
-        return self.paused_at_ms
+        self.paused_at_ms = heard_ms
 
     async def resume(self) -> None:
-        """It was not a real interruption (no words, a backchannel): the audio sent but not
-        heard goes out again from where playback stopped, and the reply carries on."""
+        """It was not a real interruption (no words, a backchannel): a new epoch begins, told to
+        the client with `output_audio_buffer.started`, the audio sent but not heard goes out
+        again from where playback stopped, and the reply carries on."""
         if not self.paused or self.cancelled or self.sink is None:
             return
+        epoch = self._epoch = self.sink.epoch
+        if not await self._emit_in(epoch, "output_audio_buffer.started", response_id=self.id):
+            return  # paused or cut again already
         played = int(self.paused_at_ms * WIRE_RATE / 1000)
-        unheard = np.concatenate(self._pcm)[played:] if self._pcm else np.zeros(0, dtype=np.int16)
-        for offset in range(0, len(unheard), AUDIO_CHUNK_SAMPLES):
-            if self.cancelled:
-                return
-            await self.sink.push(unheard[offset:offset + AUDIO_CHUNK_SAMPLES])
+        for spoken in self._spoken:
+            if not await self._replay(spoken, played, epoch):
+                return  # paused or cut again: the next resume starts from there
         self._unpaused.set()
+
+    async def _replay(self, spoken: SpokenSentence, played: int, epoch: int) -> bool:
+        """The part of the sentence that was pushed but not heard, in `epoch`."""
+        first = max(0, played - spoken.start)
+        if first >= spoken.pushed and spoken.announced:
+            return True
+        if not await self._announce(spoken, epoch):
+            return False
+        for offset in range(first, spoken.pushed, AUDIO_CHUNK_SAMPLES):
+            end = min(spoken.pushed, offset + AUDIO_CHUNK_SAMPLES)
+            if self.cancelled or not await self.sink.push(spoken.samples[offset:end], epoch):
+                return False
+        return True
 
     # ---- wire shapes ----------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from voice_app.audio.pcm import WIRE_RATE
 from voice_app.core.audio_sink import OpenSink, Send, WireAudioSink
 from voice_app.core.client_events import ClientEvents
 from voice_app.core.conversation import ContextFitter, ContextTooLong, Conversation, announce_evictions, new_id
-from voice_app.core.end_of_turn import EndOfTurnJudge, is_false_interruption
+from voice_app.core.end_of_turn import EndOfTurnJudge, is_false_interruption, is_stop_command
 from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.models import Models
 from voice_app.core.offload import submit_off_loop
@@ -150,15 +150,22 @@ class Session(ClientEvents):
 
     # ---- sending ----------------------------------------------------------------------------
 
-    async def _send(self, event: dict[str, Any]) -> None:
+    async def _send(self, event: dict[str, Any], still_current: Callable[[], bool] | None = None) -> bool:
+        """Sends one event; returns whether it went out. `still_current` (reply audio and its
+        transcript: core/audio_sink.py) is asked under the send lock, right before the event is
+        written: an event whose moment passed while it waited for the lock is dropped."""
         if self.closed or (not self.x_events and event["type"].startswith("x_")):
-            return
+            return False
         async with self._send_lock:
+            if still_current is not None and not still_current():
+                return False
             try:
                 await self._send_raw(event)
             except Exception as exc:  # the transport is gone; the transport's owner closes us
                 log.info("session %s: send failed (%s); closing", self.id, exc)
                 self.closed = True
+                return False
+        return True
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -212,12 +219,30 @@ class Session(ClientEvents):
             self._speculation.drop()
             self._spawn(paused.resume(), "resume")
             return
+        if is_stop_command(transcript):
+            await self._obey_stop(paused)
+            return
         if paused is not None:
             await self._interrupt(paused, reason="turn_detected", send_cleared=False)
         if not transcript.strip() or not self.options.turn_detection.create_response or self._active is not None:
             self._speculation.drop()
             return
         await self._respond_to_turn(clock)
+
+    async def _obey_stop(self, paused: Response | None) -> None:
+        """"Stop.", "Never mind.": the reply is cut (paused, still being made, or still playing)
+        and nothing answers the command; it and the cut reply leave the prompt."""
+        self._speculation.drop()
+        if paused is not None:
+            await self._interrupt(paused, reason="turn_detected", send_cleared=False)
+        elif self._active is not None:  # barge-in off, or too short to pause it: the words decide
+            await self._interrupt(self._active, reason="turn_detected", send_cleared=True)
+        elif self._playing is not None and self._playing.sink.left_ms() > 0:
+            await self._cut_playback(self._playing)
+        command = next((item for item in reversed(self.conversation.items) if item.role == "user"), None)
+        if command is not None:
+            self.conversation.dismiss(command)
+        log.info("session %s: a stop command: the reply is cut and gets no answer", self.id)
 
     # ---- prompts and drafts (core/speculation.py decides which draft is the reply) ----------
 
@@ -328,8 +353,7 @@ class Session(ClientEvents):
         response.cancel()
         if send_cleared:
             heard_ms = response.sink.clear()
-            await self._send(p.server_event("output_audio_buffer.cleared", response_id=response.id))
-            response.clock.cleared_at = time.monotonic()
+            await self._send_cleared(response)
         else:
             heard_ms = response.sink.heard_ms()
         response.item.text = (response.item.text_heard_until(heard_ms) if response.audio_out
@@ -341,9 +365,9 @@ class Session(ClientEvents):
         self._spawn(self._forget_when_stopped(response), "forget")  # once its TTS job has stopped
 
     async def _pause(self, response: Response) -> None:
-        heard_ms = response.pause()
-        await self._send(p.server_event("output_audio_buffer.cleared", response_id=response.id))
-        response.clock.cleared_at = time.monotonic()
+        heard_ms = response.sink.clear()
+        response.pause(heard_ms)
+        await self._send_cleared(response)
         log.info("session %s: %s paused after %.0f ms heard: the user talks over it", self.id, response.id, heard_ms)
 
     async def _cut_playback(self, response: Response) -> None:
@@ -351,8 +375,7 @@ class Session(ClientEvents):
         audio is dropped, and the history keeps only what was heard."""
         self._playing = None
         heard_ms = response.sink.clear()
-        await self._send(p.server_event("output_audio_buffer.cleared", response_id=response.id))
-        response.clock.cleared_at = time.monotonic()
+        await self._send_cleared(response)
         response.item.text = response.item.text_heard_until(heard_ms)
         response.item.status = "incomplete"
         log.info("session %s: playback of %s cut after %.0f ms: %r", self.id, response.id, heard_ms,
@@ -360,6 +383,12 @@ class Session(ClientEvents):
         await self._send(p.server_event("conversation.item.truncated", item_id=response.item.id,
                                         content_index=0, audio_end_ms=int(heard_ms)))
         await self._report_turn_metrics(response)
+
+    async def _send_cleared(self, response: Response) -> None:
+        """Tells the client to drop the response's queued audio; its sink was cleared just
+        before, so no audio decided before this event can follow it."""
+        response.clock.cleared_at = time.monotonic()
+        await self._send(p.server_event("output_audio_buffer.cleared", response_id=response.id))
 
     async def _forget_when_stopped(self, response: Response) -> None:
         await response.wait_stopped()

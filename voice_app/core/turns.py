@@ -332,7 +332,9 @@ class Listener:
     async def _judge_words(self, turn: UserTurn, speech_end: int, text: str) -> bool | None:
         """semantic_vad's verdict on `text`, applied unless the user has spoken since."""
         if not text.strip():
-            finished: bool | None = True  # no words (a cough, a door) is no sentence to wait out
+            # no words (a cough, a door, or the first syllable of a word Whisper cannot make out
+            # yet): server_vad's window, so speech that goes on still belongs to this turn
+            finished: bool | None = None
         elif self._backchannel(text):
             finished = True  # a "mm-hmm" over a paused reply: end it soon, and the reply goes on
         else:

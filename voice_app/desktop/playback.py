@@ -65,10 +65,16 @@ class DeviceAudioSink:
 
     def __init__(self, speaker: "Speaker"):
         self._speaker = speaker
+        self.epoch = 0  # advanced by clear() and close(): see core/audio_sink.py
         self.played_samples = 0  # at the device rate; raised by the output stream's callback
 
-    async def push(self, chunk: np.ndarray) -> None:
+    async def push(self, chunk: np.ndarray, epoch: int) -> bool:
+        # no await between the check and the queueing, and clear() runs on the same loop: a
+        # chunk decided before a clear can never be queued after it
+        if epoch != self.epoch:
+            return False
         self._speaker.queue.push(self, self._speaker.to_device_rate(chunk))
+        return True
 
     def heard_ms(self) -> float:
         return self._speaker.queue.played(self) * 1000.0 / self._speaker.rate
@@ -78,8 +84,12 @@ class DeviceAudioSink:
 
     def clear(self) -> float:
         """Empties the speaker's queue (a barge-in silences whatever is queued, not just this reply)."""
+        self.epoch += 1
         self._speaker.queue.clear()
         return self.heard_ms()
+
+    def close(self) -> None:
+        self.epoch += 1
 
 
 class Speaker:

@@ -13,5 +13,6 @@ from *end of speech sent* (the last frame holding the utterance's audio):
 - eos_to_first_audio_ms: -> the reply's first `response.output_audio.delta`
 - eos_to_done_ms: -> the reply's `response.done`
 - barge_in_to_cleared_ms: speech start sent -> `output_audio_buffer.cleared` for the reply
-  talked over; stale_audio_deltas counts that reply's audio deltas arriving after the clear.
+  talked over; stale_audio_deltas counts that reply's audio deltas that came while it was cleared
+  (after `output_audio_buffer.cleared`, before a resume's `output_audio_buffer.started`).
 """

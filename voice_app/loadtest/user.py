@@ -15,9 +15,10 @@ from voice_app.audio.pcm import WIRE_RATE
 from voice_app.loadtest.connection import RealtimeConnection, ReceivedEvent, SessionClosed, of_type
 from voice_app.loadtest.report import normalized_words, score_transcript
 from voice_app.loadtest.script import Script, ScriptTurn
+from voice_app.realtime.event_feed import audio_after_clear
+from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER, with_x_events
 
 REPLICA_HEADER = "x-voice-replica"  # voice_app/realtime/server.py names the replica in it
-from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER, with_x_events
 
 MAX_SUPERSEDED_RESPONSES = 3  # a VAD split of one utterance can cancel a reply or two before the real one
 
@@ -224,6 +225,8 @@ class SimulatedUser:
         if talked_over is not None:
             await self._measure_barge_in(talked_over, mark, speech_start, result)
             await self._wait_done(talked_over, heard_out=False)
+            result.stale_audio_deltas = audio_after_clear((e.event for e in self.conn.events[mark:]),
+                                                          talked_over.response_id)
         await self._follow_reply(mark, speech_end, result, leave_playing, turn)
 
     async def _follow_backchannel(self, talked_over: "PendingReply", mark: int, result: TurnResult,
@@ -260,8 +263,6 @@ class SimulatedUser:
             result.barge_in_missed = True
             return
         result.barge_in_to_cleared_ms = ms_between(speech_start, event.at)
-        stale = of_type("response.output_audio.delta", talked_over.response_id)
-        result.stale_audio_deltas = sum(1 for later in self.conn.events[index + 1:] if stale(later.event))
 
     async def _follow_reply(self, mark: int, speech_end: float, result: TurnResult, leave_playing: bool,
                             turn: ScriptTurn) -> None:

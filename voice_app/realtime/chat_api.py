@@ -82,8 +82,8 @@ class ChatApi:
         reply = Reply(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.engine.model_name, submitted.chat,
                       submitted.prompt_tokens, self.engine_mode)
         if submitted.chat.stream:
-            return StreamingResponse(self.stream(reply, submitted), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return EngineStream(self.stream(reply, submitted), submitted, media_type="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self.whole_reply(request, reply, submitted)
 
     @property
@@ -264,6 +264,31 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise ApiError(413, f"the request body is over this server's limit of {limit} bytes", None,
                            "request_too_large")
     return bytes(body)
+
+
+class EngineStream(StreamingResponse):
+    """A streamed reply whose engine requests end the moment the client leaves. Starlette notices
+    a disconnect by listening for it only under ASGI spec < 2.4; from 2.4 on, only when a chunk
+    fails to send, and a reply waiting on the engine (a long prefill ahead of it, text held back
+    by a stop sequence) sends nothing for a while. So the disconnect is watched here, whatever
+    the server: the requests are cancelled at once and leave the engine before its next step."""
+
+    def __init__(self, body: AsyncIterator[str], submitted: "Submitted", **kwargs: Any):
+        super().__init__(body, **kwargs)
+        self._submitted = submitted
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def cancel_when_gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self._submitted.cancel()  # a finished request ignores it
+
+        watcher = asyncio.ensure_future(cancel_when_gone())
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            watcher.cancel()
+            self._submitted.cancel()
 
 
 async def client_gone(request: Request) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -46,3 +46,23 @@ class EventFeed(Generic[T]):
                 await asyncio.wait_for(self._arrived.wait(), left)
             except asyncio.TimeoutError:
                 pass
+
+
+AUDIO_DELTAS = ("response.output_audio.delta", "response.output_audio_transcript.delta")
+
+
+def audio_after_clear(events: Iterable[dict[str, Any]], response_id: str) -> int:
+    """The response's audio and audio-transcript deltas that came while its output was cleared:
+    after an `output_audio_buffer.cleared` for it and before the next `output_audio_buffer.started`
+    (a paused reply resuming). The server guarantees there are none (docs/protocol.md)."""
+    cleared, stale = False, 0
+    for event in events:
+        if event.get("response_id") != response_id:
+            continue
+        if event["type"] == "output_audio_buffer.cleared":
+            cleared = True
+        elif event["type"] == "output_audio_buffer.started":
+            cleared = False
+        elif cleared and event["type"] in AUDIO_DELTAS:
+            stale += 1
+    return stale

@@ -190,11 +190,14 @@ async def test_a_client_that_does_not_read_pauses_synthesis():
     gate = asyncio.Event()
 
     class StalledSink:
+        epoch = 0
+
         def __init__(self, ids):
             self.ids = ids
 
-        async def push(self, chunk):
+        async def push(self, chunk, epoch):
             await gate.wait()
+            return True
 
         def heard_ms(self):
             return 0.0
@@ -204,6 +207,9 @@ async def test_a_client_that_does_not_read_pauses_synthesis():
 
         def clear(self):
             return 0.0
+
+        def close(self):
+            pass
 
     log = EventLog()
     session = Session(models, Settings(), log.send, open_sink=StalledSink)

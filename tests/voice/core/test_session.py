@@ -370,3 +370,53 @@ async def test_under_semantic_vad_a_backchannel_over_a_paused_reply_ends_its_tur
     done = await log.wait_for(is_done(first["response_id"]))
     assert done["response"]["status"] == "completed" and len(log.of_type("response.created")) == 1
     await session.close()
+
+
+@pytest.mark.parametrize("command", ["Stop.", "Never mind.", "Shh."])
+async def test_a_stop_command_cuts_the_reply_gets_no_answer_and_the_next_question_stands_alone(command):
+    models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: LONG_REPLY, hold_after_words=10))
+    session, log, _ = make_session(models, ScriptedPlayer(position_ms=700))
+    await say(session, models, "Tell me a story about a dragon.")
+    first = await log.wait_for(lambda e: e["type"] == "response.output_audio_transcript.delta")
+    await say(session, models, command)
+    done = await log.wait_for(is_done(first["response_id"]))
+    assert done["response"]["status"] == "cancelled"
+    await log.wait_for(lambda e: e["type"] == "conversation.item.input_audio_transcription.completed"
+                       and e["transcript"] == command)
+    assert len(log.of_type("response.created")) == 1, "the command got no reply of its own"
+    assert [i.role for i in session.conversation.items] == ["user", "assistant", "user"]  # the client's history
+
+    models.engine.hold_after_words = None
+    await say(session, models, "What is two plus two?")
+    second = await log.wait_for(lambda e: e["type"] == "response.done" and e["response"]["id"] != first["response_id"])
+    assert second["response"]["status"] == "completed"
+    prompt = models.engine.submitted.items[-1]
+    assert [m["role"] for m in prompt] == ["system", "user", "user"]  # no cut story, no command
+    assert prompt[-1]["content"] == "What is two plus two?"
+    await session.close()
+
+
+async def test_a_stop_command_over_a_reply_still_playing_cuts_its_playback():
+    player = ScriptedPlayer(position_ms=1000)
+    session, log, models = make_session(player=player)
+    await say(session, models, QUESTION)
+    done = await log.wait_for(is_done())
+    assert player.sink_of(done["response"]["id"]).left_ms() > 0, "sent in full, but still playing"
+    await say(session, models, "Wait.")
+    await log.wait_for(lambda e: e["type"] == "conversation.item.truncated")
+    await log.wait_for(lambda e: e["type"] == "conversation.item.input_audio_transcription.completed"
+                       and e["transcript"] == "Wait.")
+    assert len(log.of_type("response.created")) == 1
+    assert session.conversation.messages("") == [{"role": "user", "content": QUESTION}]
+    await session.close()
+
+
+@pytest.mark.parametrize("transcript, command", [
+    ("Stop.", True), ("Okay, stop.", True), ("Hold on.", True), ("Be quiet!", True), ("Shhh", True),
+    ("Stop. What is the capital of France?", False), ("Wait, what is two plus two?", False), ("Okay.", False),
+    ("", False), ("Please.", False), ("Sure.", False),
+])
+def test_what_counts_as_a_bare_stop_command(transcript, command):
+    from voice_app.core.end_of_turn import is_stop_command
+
+    assert is_stop_command(transcript) is command

@@ -11,6 +11,7 @@ import pytest
 
 from voice_app.core.session import Session
 from voice_app.core.speculation import words
+from voice_app.realtime.event_feed import audio_after_clear
 from voice_app.settings import Settings
 from voice_app.speech.loaded_models import LoadedModels
 
@@ -86,8 +87,7 @@ async def test_barge_in_clears_cancels_and_truncates(speech_models, test_audio):
     cleared_at = next(i for i, e in enumerate(log.events)
                       if e["type"] == "output_audio_buffer.cleared" and e["response_id"] == response_id)
     assert types.index("input_audio_buffer.speech_started", types.index("response.created")) < cleared_at
-    assert not [e for e in log.events[cleared_at:]
-                if e["type"] == "response.output_audio.delta" and e["response_id"] == response_id]
+    assert audio_after_clear(log.events, response_id) == 0
     assistant = session.conversation.items[1]
     assert assistant.role == "assistant" and assistant.status == "incomplete"
     assert 0 < len(assistant.text) < len(long_reply([])) // 2
@@ -101,8 +101,7 @@ async def test_barge_in_clears_cancels_and_truncates(speech_models, test_audio):
     assert prompt[-1]["role"] == "user" and "dogs" in prompt[-1]["content"].lower()
     assert all(m["content"] != assistant.text or assistant.text.endswith((".", "!", "?")) for m in prompt)
     await session.close()
-    assert not [e for e in log.events[cleared_at:]
-                if e["type"] == "response.output_audio.delta" and e["response_id"] == response_id]
+    assert audio_after_clear(log.events, response_id) == 0
 
 
 async def test_close_mid_response_leaves_no_engine_or_tts_work(speech_models):

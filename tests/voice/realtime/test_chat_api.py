@@ -4,6 +4,9 @@ official openai SDK: /v1/models, /v1/chat/completions whole and streamed, errors
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import threading
 import time
 
 import httpx
@@ -11,7 +14,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from dllm_engine.request import EngineOverloaded, GenerationParams
+from dllm_engine.request import DraftUpdate, EngineOverloaded, GenerationParams, RequestHandle
+from voice_app.speech.loaded_models import LoadedModels
 
 pytestmark = pytest.mark.slow
 
@@ -235,3 +239,77 @@ def test_a_client_that_stops_waiting_for_a_whole_reply_cancels_it(voice_server, 
         httpx.post(voice_server.base_url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=1.0))
     assert wait_for_metric(voice_server, "voice_engine_live_requests", 0) == 0
     assert wait_for_metric(voice_server, "voice_chat_completions_abandoned_total", abandoned + 1) == abandoned + 1
+
+
+class StallingEngine:
+    """An engine that streams three words and then has nothing to say until it is cancelled
+    (a reply waiting on a long prefill, or held back by a stop sequence): a disconnect is then
+    the only thing that can end it early."""
+
+    model_name = "stalling"
+    max_context_tokens = 4096
+
+    def __init__(self) -> None:
+        self.handles: list[RequestHandle] = []
+
+    @property
+    def live_requests(self) -> int:
+        return sum(not handle.done for handle in self.handles)
+
+    def count_tokens(self, messages) -> int:
+        return 10
+
+    def submit(self, messages, params) -> RequestHandle:
+        handle = RequestHandle(len(self.handles) + 1)
+        self.handles.append(handle)
+        threading.Thread(target=self._run, args=(handle,), daemon=True).start()
+        return handle
+
+    @staticmethod
+    def _run(handle: RequestHandle) -> None:
+        words = []
+        for step, word in enumerate(["Once", "upon", "a"], start=1):
+            words.append(word)
+            handle._publish(DraftUpdate(handle.request_id, " ".join(words) + " ", "", list(range(step)), step, False))
+        handle._cancelled.wait()
+        handle._publish(DraftUpdate(handle.request_id, " ".join(words) + " ", "", [0, 1, 2], 4, True, "cancelled"))
+
+
+def read_stream_then_leave(base_url: str, body: dict, frames: int) -> None:
+    """A real client on a raw socket: posts a streamed request, reads `frames` SSE frames, closes."""
+    host, port = base_url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n"
+                 + payload)
+    received = b""
+    while received.count(b"data: ") < frames:
+        piece = sock.recv(65536)
+        assert piece, f"the server closed the stream early: {received!r}"
+        received += piece
+    sock.close()
+
+
+def test_a_client_that_leaves_a_stalled_stream_cancels_it_at_the_disconnect(make_server, voice_server):
+    engine = StallingEngine()
+    speech = voice_server.voice_server.models
+    server = make_server(LoadedModels(engine, speech.transcriber, speech.synthesizer, speech.vad))
+    body = {"model": "stalling", "messages": STORY, "max_tokens": 100, "stream": True}
+    read_stream_then_leave(server.base_url, body, frames=4)  # the role chunk and three words
+    assert engine.handles[0]._cancelled.wait(5), "the request outlived its client"
+
+
+def test_a_client_that_goes_away_mid_stream_ends_its_request_within_a_step_or_two(voice_server, model, engine):
+    body = {"model": model, "messages": STORY, "max_tokens": 1000, "stream": True}
+    passes = []
+    leaving = threading.Thread(target=lambda: (read_stream_then_leave(voice_server.base_url, body, 4),
+                                               passes.append(engine.forward_passes)))
+    leaving.start()
+    leaving.join(60)
+    assert passes, "the client never got its chunks"
+    deadline = time.monotonic() + 10
+    while engine.live_requests and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert engine.live_requests == 0
+    assert engine.forward_passes - passes[0] <= 3, "the request went on stepping after the client left"
