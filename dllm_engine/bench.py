@@ -133,6 +133,34 @@ def read_bandwidth_gbs() -> float:
     return data.numel() * 4 / min(times) / 1e9
 
 
+def int8_rate_gmacs(kernel: str = "auto") -> float:
+    """Multiply-adds per second of the integer kernel on a weight that stays in the caches
+    (64 rows of a 1536 x 576 Q4_1 matrix): the compute side of the fused pass's floor."""
+    from kernels import cpu
+
+    ext = cpu.extension()
+    rows, cols, m = 1536, 576, 64
+    weight = torch.randint(0, 255, (rows, cols // 32 * 20), dtype=torch.uint8)
+    weight.view(rows, cols // 32, 20)[:, :, :4] = torch.tensor([0, 60, 0, 0], dtype=torch.uint8)  # finite fp16 scales
+    x = torch.randn(m, cols)
+    ext.linear_int8(x, weight, cpu.Q4_1, rows, cols, kernel, 5)
+    repeats = 200
+    started = time.perf_counter()
+    ext.linear_int8(x, weight, cpu.Q4_1, rows, cols, kernel, repeats)
+    return repeats * m * rows * cols / (time.perf_counter() - started) / 1e9
+
+
+def cpu_flags() -> list[str]:
+    """The instruction sets the kernels care about, as /proc/cpuinfo names them."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+              "amx_int8", "amx_bf16")
+    return [flag for flag in wanted if flag in flags]
+
+
 def fma_rate_gmacs() -> float:
     """fp32 multiply-adds per second of a large matmul (MKL/oneDNN: the machine's practical peak)."""
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
@@ -144,9 +172,9 @@ def fma_rate_gmacs() -> float:
 
 
 def pass_costs(engine, sizes=PASS_SIZES, context: int = 200, repeats: int = 10) -> list[dict]:
-    """Median ms of one pass of a request with `context` cached tokens carrying n tokens: one
-    cache-write row and n - 1 drafted rows (adapter on, as a diffusion step's block), and the
-    head on every row."""
+    """Median ms of one pass of a request with `context` cached tokens carrying n tokens (a
+    verify pass: n causal rows; with a LoRA drafter: one cache-write row and n - 1 drafted rows
+    with the adapter on), and the head on every row."""
     runner, config = engine._runner, engine.config
     cache = KVCache(config, context + max(sizes) + 1, engine.cache_dtype, engine.device)
     mask = config.mask_token_id if config.mask_token_id is not None else 0
@@ -154,10 +182,13 @@ def pass_costs(engine, sizes=PASS_SIZES, context: int = 200, repeats: int = 10) 
     runner.pass_.forward([Segment(filler, 0, cache, context)], [context - 1])
     results = []
     for n in sizes:
-        segments = [Segment(torch.tensor([42]), context, cache, context + 1)]
-        if n > 1:
-            segments.append(Segment(torch.full((n - 1,), mask), context + 1, cache, context + n, "full",
-                                    adapter=engine.model.has_adapter))
+        if engine.model.has_adapter:  # a LoRA drafter's step: the cache write, then the masked block
+            segments = [Segment(torch.tensor([42]), context, cache, context + 1)]
+            if n > 1:
+                segments.append(Segment(torch.full((n - 1,), mask), context + 1, cache, context + n, "full",
+                                        adapter=True))
+        else:  # a verify pass: the last exact token and n - 1 drafts, causal
+            segments = [Segment(torch.arange(n) + 42, context, cache, context + n)]
         times = []
         profiler = _PhaseProfile(engine)
         for i in range(repeats + 2):
@@ -214,12 +245,14 @@ def _streamed(engine) -> list[tuple[int, int]]:
     return matrices
 
 
-def floors(engine, costs: list[dict], bandwidth: float, fma: float) -> list[dict]:
+def floors(engine, costs: list[dict], bandwidth: float, macs: float) -> list[dict]:
+    """Each pass size's floor: the bytes it streams over the read bandwidth, or its
+    multiply-adds over the rate of the arithmetic it runs (`macs`, G/s), whichever is larger."""
     matrices = _streamed(engine)
     stream_ms = 1000 * sum(b for _, b in matrices) / (bandwidth * 1e9)
     macs_per_row = sum(e for e, _ in matrices)
     for row in costs:
-        compute_ms = 1000 * row["tokens"] * macs_per_row / (fma * 1e9)
+        compute_ms = 1000 * row["tokens"] * macs_per_row / (macs * 1e9)
         row["floor_ms"] = max(stream_ms, compute_ms)
         row["floor_bound"] = "bandwidth" if stream_ms >= compute_ms else "compute"
         row["vs_floor"] = row["ms"] / row["floor_ms"]
@@ -234,7 +267,8 @@ def run_bench(args) -> int:
     # no prefix cache: every run repeats the same prompts, and a copied prompt would time the
     # copy instead of the prefill a new conversation pays
     engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device,
-                         backend=args.backend, prefix_cache_entries=0)
+                         backend=args.backend, prefix_cache_entries=0, activations=args.activations,
+                         kernel=args.kernel)
     prompts = BENCH_PROMPTS[: max(1, args.prompts)]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     modes = ["diffusion", "autoregressive"] if engine.config.is_diffusion else ["autoregressive"]
@@ -242,10 +276,16 @@ def run_bench(args) -> int:
     try:
         results = {m: measure(engine, m, prompts, args.max_new_tokens, args.block_size, args.threshold, levels)
                    for m in modes}
-        costs = bandwidth = fma = None
+        costs = bandwidth = fma = int8 = None
         if engine.device.type == "cpu":
             bandwidth, fma = read_bandwidth_gbs(), fma_rate_gmacs()
-            costs = floors(engine, pass_costs(engine), bandwidth, fma)
+            if engine.backend == "fused":
+                from kernels.cpu import extension
+
+                bandwidth = extension().read_bandwidth(256, 5)  # with the pass's own threads
+                if engine.activations == "int8":
+                    int8 = int8_rate_gmacs(engine.kernel)
+            costs = floors(engine, pass_costs(engine), bandwidth, int8 or fma)
         peer = None
         if args.peer == "llama.cpp":
             peer = measure_llama_cpp(engine, Path(args.peer_gguf) if args.peer_gguf else smollm2_gguf_path(),
@@ -253,7 +293,8 @@ def run_bench(args) -> int:
     finally:
         engine.close()
     report = {
-        "model": engine.model_name, "backend": engine.backend,
+        "model": engine.model_name, "backend": engine.backend, "kernel": engine.kernel,
+        "activations": engine.activations, "cpu_flags": cpu_flags(),
         "dtype": str(engine.cache_dtype).removeprefix("torch."), "threads": threads,
         "machine": (f"{platform.machine()}, {threads} threads" if engine.device.type == "cpu"
                     else torch.cuda.get_device_name(engine.device)), "max_new_tokens": args.max_new_tokens,
@@ -261,7 +302,14 @@ def run_bench(args) -> int:
         "threshold": args.threshold if args.threshold is not None else "exact",
         "prompts": len(prompts), "results": results, "pass_costs": costs,
         "read_bandwidth_gbs": bandwidth if costs else None, "fma_gmacs": fma if costs else None,
+        "int8_gmacs": int8,
     }
+    if costs:
+        # rows that ride free while the weights stream: multiply-adds a second times the bytes
+        # a weight takes, over the bytes a second the memory reads
+        matrices = _streamed(engine)
+        bytes_per_weight = sum(b for _, b in matrices) / sum(e for e, _ in matrices)
+        report["free_rows_estimate"] = (int8 or fma) * bytes_per_weight / bandwidth
     if "diffusion" in results:
         report["diffusion_vs_ar_speed"] = results["diffusion"]["tokens_per_s"] / results["autoregressive"]["tokens_per_s"]
         report["diffusion_vs_ar_pass"] = results["diffusion"]["ms_per_pass"] / results["autoregressive"]["ms_per_pass"]
@@ -284,7 +332,8 @@ def format_table(report: dict) -> str:
     results = report["results"]
     levels = list(next(iter(results.values()))["concurrency"])
     lines = [
-        f"model `{report['model']}` ({report['backend']} pass, {report['dtype']} activations, {report['machine']}), "
+        f"model `{report['model']}` ({report['backend']} pass, {report['activations']} activations, kernel "
+        f"{report['kernel']}, {report['machine']}; CPU flags: {' '.join(report['cpu_flags']) or 'unknown'}), "
         f"{report['prompts']} prompts, max {report['max_new_tokens']} new tokens, block {report['block_size']}, "
         f"commits: {report['threshold']}",
         "",
@@ -311,15 +360,20 @@ def format_table(report: dict) -> str:
             lines.append(f"- {label}: **{report[key]:.2f}x**")
     if report.get("pass_costs"):
         costs = report["pass_costs"]
-        lines += ["", "One pass by the tokens it carries (1 cache-write row + drafted rows, head on every row), "
+        lines += ["", "One pass by the rows it carries (a verify pass: causal rows; head on every row), "
                   "median ms, beside its floor:", "",
-                  "| tokens in the pass | " + " | ".join(str(c["tokens"]) for c in costs) + " |",
+                  "| rows in the pass | " + " | ".join(str(c["tokens"]) for c in costs) + " |",
                   "|---" * (1 + len(costs)) + "|",
                   "| ms per pass | " + " | ".join(f"{c['ms']:.1f}" for c in costs) + " |",
                   "| floor ms | " + " | ".join(f"{c['floor_ms']:.1f} ({c['floor_bound'][0]})" for c in costs) + " |",
                   "| pass / floor | " + " | ".join(f"{c['vs_floor']:.2f}x" for c in costs) + " |",
+                  "| pass / 1-token pass | " + " | ".join(f"{c['ms'] / costs[0]['ms']:.2f}x" for c in costs) + " |",
                   "", f"(b: bandwidth floor, {report['read_bandwidth_gbs']:.1f} GB/s read measured in this run; "
-                  f"c: compute floor, {report['fma_gmacs']:.1f} G fp32 multiply-adds/s of a large matmul in this run)"]
+                  + (f"c: compute floor, {report['int8_gmacs']:.0f} G int8 multiply-adds/s of the {report['kernel']} "
+                     f"kernel in this run" if report.get("int8_gmacs") else
+                     f"c: compute floor, {report['fma_gmacs']:.1f} G fp32 multiply-adds/s of a large matmul in this run")
+                  + f"; rows that ride free while the weights stream, by those two rates: "
+                  f"~{report['free_rows_estimate']:.1f})"]
         lines += _phase_rows(costs)
     return "\n".join(lines)
 

@@ -23,6 +23,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=["auto", "fused", "torch"],
                         help="forward pass: fused (C++ CPU kernels over the checkpoint's quantized blocks), "
                              "torch, or auto (fused on a CPU with AVX2, torch otherwise)")
+    parser.add_argument("--activations", default="auto", choices=["auto", "int8", "fp32"],
+                        help="int8: the fused pass's integer kernels over 8-bit activations (auto's choice on "
+                             "the fused pass); fp32: dequantized weights times fp32 activations")
+    parser.add_argument("--kernel", default="auto",
+                        help="the integer kernel variant: auto (the best this CPU runs), avx512_vnni or avx2")
     parser.add_argument("--download", action="store_true", help="allow fetching a hub id that is not cached (online only)")
 
 
@@ -53,7 +58,8 @@ def _stats_line(stats) -> str:
 def _load_engine(args):
     from dllm_engine.engine import Engine
 
-    return Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device, backend=args.backend)
+    return Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device, backend=args.backend,
+                       activations=args.activations, kernel=args.kernel)
 
 
 def cmd_generate(args) -> int:

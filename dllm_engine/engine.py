@@ -29,14 +29,15 @@ from typing import Callable
 
 import torch
 
-from dllm_engine.decoding import BlockCausalDecoder, DeadlineController, FullAttentionDecoder, make_policy
+from dllm_engine.decoding import (BlockCausalDecoder, DeadlineController, DraftHeadDecoder, FullAttentionDecoder,
+                                  StepPlan, Target, make_policy)
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
 from dllm_engine.memory import release_free_memory
 from dllm_engine.models.families import FAMILIES
-from dllm_engine.models.transformer import KVCache
+from dllm_engine.models.transformer import KVCache, Segment
 from dllm_engine.request import (DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle,
                                  RequestStats)
-from dllm_engine.runner import ModelRunner, resolve_backend
+from dllm_engine.runner import ModelRunner, resolve_activations, resolve_backend
 from dllm_engine.scheduler import BACKGROUND_EVERY, LiveRequest, Scheduler
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,8 @@ _NO_MASK = -1  # placeholder for models without a mask token: only ever used in 
 class Engine:
     def __init__(self, loaded: LoadedModel, max_live_requests: int = 32, max_cached_tokens: int = 131072,
                  clock: Callable[[], float] = time.monotonic, cache_dtype: torch.dtype | None = None,
-                 prefix_cache_entries: int = 16, backend: str = "auto"):
+                 prefix_cache_entries: int = 16, backend: str = "auto", activations: str = "auto",
+                 kernel: str = "auto"):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -60,6 +62,8 @@ class Engine:
         self.clock = clock
         self.device = self.model.embed_tokens.device
         self.backend = resolve_backend(backend, self.device)
+        self.activations = resolve_activations(activations, self.backend)
+        self.kernel = kernel  # the integer kernel variant asked for; the runner says which runs
         # the fused CPU pass computes in fp32 and reads fp32 caches
         self.cache_dtype = torch.float32 if self.backend == "fused" else (cache_dtype or self.model.embed_tokens.dtype)
         # what mode="auto" runs: diffusion where the model has it, until choose_mode measures
@@ -68,6 +72,7 @@ class Engine:
         self._lock = threading.Condition()
         self._incoming: list[LiveRequest] = []
         self._admitting: list[LiveRequest] = []  # taken from _incoming, cache not yet allocated
+        self._calls: list[Callable[[], None]] = []  # work for the scheduler thread between steps
         self._closing = False
         self._failure: str | None = None  # why the scheduler thread died, if it did
         self.last_step_at: float | None = None
@@ -124,6 +129,7 @@ class Engine:
         """For /healthz: the scheduler's liveness and when it last finished a step."""
         age = None if self.last_step_at is None else round(self.clock() - self.last_step_at, 3)
         return {"alive": self.alive, "failure": self._failure, "backend": self.backend,
+                "activations": self.activations, "kernel": self.kernel,
                 "live_requests": self.live_requests, "forward_passes": self.forward_passes,
                 "seconds_since_last_step": age}
 
@@ -199,13 +205,14 @@ class Engine:
 
     def choose_mode(self, params: GenerationParams | None = None, new_tokens: int = 32) -> dict[str, float]:
         """Times one greedy reply in each mode on this machine (with `params`' other settings)
-        and makes the faster one what mode="auto" runs; returns tokens/s per mode. Where a pass
-        over a block costs about what a one-token pass costs (a GPU), diffusion's several tokens
-        a pass win; where the cost grows with the positions (this project's 2-core AVX2 CPU:
-        54 ms for 8 vs 10 ms for 1), AR wins, and exact diffusion would only give the same
-        words later. Call it on an idle engine: the timing is the whole measurement."""
+        and makes the faster one what mode="auto" runs; returns tokens/s per mode. Exact
+        diffusion gives the AR reply's words, so only speed decides: several tokens a pass win
+        where a pass over a block costs not much more than a one-token pass, and lose where the
+        cost grows with the rows (docs/benchmarks.md has the curves per machine). Call it on an
+        idle engine: the timing is the whole measurement."""
         if not self.config.is_diffusion:
             return {}
+        self.choose_block()  # a draft head's block first: it decides what diffusion's speed is
         template = dataclasses.replace(params or GenerationParams(), stop_at_eos=False, background=False)
         prompt = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
         speeds: dict[str, float] = {}
@@ -219,6 +226,68 @@ class Engine:
                  ", ".join(f"{mode} {rate:.1f} tokens/s" for mode, rate in speeds.items()))
         return speeds
 
+    def choose_block(self, context: int = 128, repeats: int = 5) -> dict | None:
+        """For a model with a draft head: times a whole decoding step (the verify pass over the
+        exact token and k drafts, and the head's step) for every k the head was trained for, and
+        makes diffusion mode draft the k with the most tokens a second, by the head's held-out
+        acceptance by offset (its metadata): rows cost more on some machines than on others.
+        Call it on an idle engine. Returns the table, or None without a draft head."""
+        head = self.loaded.draft_head
+        kept = (self.loaded.draft_head_meta.get("held_out") or {}).get("by_offset")
+        if head is None or not kept:
+            return None
+        costs = self._on_scheduler(lambda: [self._step_seconds(1 + k, context, repeats)
+                                            for k in range(1, head.spec.block_size)])
+        table = []
+        for drafts, seconds in enumerate(costs, start=1):
+            tokens = 1 + sum(kept[:drafts])
+            table.append({"block": drafts + 1, "ms": round(1000 * seconds, 2), "tokens_per_pass": round(tokens, 3),
+                          "tokens_per_s": round(tokens / seconds, 1)})
+        best = max(table, key=lambda row: row["tokens_per_s"])
+        self.config.block_size = best["block"]
+        log.info("diffusion drafts blocks of %d on this machine (%s)", best["block"],
+                 ", ".join(f"{r['block']}: {r['tokens_per_s']} tokens/s" for r in table))
+        return {"chosen": best["block"], "blocks": table}
+
+    def _step_seconds(self, rows: int, context: int, repeats: int) -> float:
+        """Median seconds of one draft-head decoding step with `rows` verify rows."""
+        head = self.loaded.draft_head
+        cache = KVCache(self.config, context + rows + head.spec.block_size + 1, self.cache_dtype, self.device,
+                        extra_layers=head.cache_layers)
+        filler = (torch.arange(context) % 1000 + 100).tolist()
+        plan = StepPlan([Segment(torch.tensor(filler), 0, cache, context, "causal")], [Target(0, context - 1, 0)],
+                        tap_rows=list(range(context)))
+        self._runner.run([plan], [(0.0, None)])
+        times = []
+        for _ in range(repeats + 1):
+            plan = StepPlan([Segment(torch.arange(rows) + 42, context, cache, context + rows, "causal")],
+                            [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
+            started = time.perf_counter()
+            self._runner.run([plan], [(0.0, None)])
+            self._runner.draft([(plan.taps, context, cache, 42, context)])
+            times.append(time.perf_counter() - started)
+        return sorted(times[1:])[len(times[1:]) // 2]
+
+    def _on_scheduler(self, function):
+        """function() between two steps of the scheduler thread (the runner is that thread's)."""
+        done = threading.Event()
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = function()
+            except BaseException as exc:  # handed to the caller
+                outcome["error"] = exc
+            done.set()
+
+        with self._lock:
+            self._calls.append(run)
+            self._lock.notify()
+        done.wait()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
     def close(self) -> None:
         with self._lock:
             self._closing = True
@@ -231,17 +300,24 @@ class Engine:
         diffusion = params.mode == "diffusion"
         if diffusion and not config.is_diffusion:
             raise EngineError(f"model {self.model_name} is autoregressive ({config.family}); use mode='autoregressive'")
+        head = self.loaded.draft_head if diffusion else None
         block = (params.block_size or config.block_size) if diffusion else 1
+        if head is not None and not 2 <= block <= head.spec.block_size:
+            raise EngineError(f"block_size must be in 2..{head.spec.block_size} for {self.model_name}'s draft head, "
+                              f"got {block}")
         total = len(ids) + params.max_new_tokens + block + 1
         if total > config.max_position_embeddings:
             raise EngineError(f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
                               f"model's context of {config.max_position_embeddings} tokens")
-        cache = KVCache(config, total, self.cache_dtype, self.device, allocate=False)  # on the scheduler
+        cache = KVCache(config, total, self.cache_dtype, self.device, allocate=False,  # on the scheduler
+                        extra_layers=head.cache_layers if head is not None else 0)
         family = FAMILIES.get(config.family)
         common = dict(prompt_ids=ids, cache=cache, block_size=block, max_new_tokens=params.max_new_tokens,
                       mask_id=config.mask_token_id if config.mask_token_id is not None else _NO_MASK,
                       eos_ids=set(config.eos_token_ids), shift=config.logits_shift, stop_at_eos=params.stop_at_eos)
-        if config.attention == "bidirectional" and diffusion:
+        if head is not None:
+            decoder = DraftHeadDecoder(**common)
+        elif config.attention == "bidirectional" and diffusion:
             decoder = FullAttentionDecoder(**common)
         else:
             exact = params.exact
@@ -271,7 +347,10 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            self._runner = ModelRunner(self.model, self.backend, self.loaded.packed, self.loaded.draft_vocab)
+            self._runner = ModelRunner(self.model, self.backend, self.loaded.packed, self.loaded.draft_vocab,
+                                       self.activations, self.kernel, self.loaded.draft_head,
+                                       self.loaded.draft_head_blocks)
+            self.kernel = self._runner.kernel
         except Exception as exc:  # e.g. the CPU kernels' weights disagree with the model
             log.exception("could not set up the model runner")
             self._failure = f"{type(exc).__name__}: {exc}"
@@ -294,8 +373,12 @@ class Engine:
             release_free_memory()  # idle: the ended requests' caches go back to the OS (memory.py)
             self._trimmed_at = self.clock()
         with self._lock:
-            while not self.scheduler.live and not self._incoming and not self._closing:
+            while not self.scheduler.live and not self._incoming and not self._closing and not self._calls:
                 self._lock.wait()
+            calls, self._calls = self._calls, []
+        for call in calls:  # e.g. choose_block's timing, on the thread that owns the runner
+            call()
+        with self._lock:
             if self._closing:
                 pending, self._incoming = self._pending(), []
                 self.scheduler.close(pending)
@@ -328,7 +411,26 @@ class Engine:
             if token_probs is not None:
                 request.token_probs = token_probs
         self.scheduler.postprocess(batch, plans, tokens, confidence)
+        self._draft(batch)
         self.last_step_at = self.clock()
+
+    def _draft(self, batch: list[LiveRequest]) -> None:
+        """The draft head's step for the requests it drafts for, right after their target pass:
+        the next pass checks what it drafts (DraftHeadDecoder)."""
+        wanted = [(r, r.decoder.draft_request()) for r in batch
+                  if isinstance(r.decoder, DraftHeadDecoder) and r in self.scheduler.live]
+        wanted = [(r, ask) for r, ask in wanted if ask is not None]
+        if not wanted:
+            return
+        try:
+            drafts = self._runner.draft([(features, start, r.decoder.cache, first, position)
+                                         for r, (features, start, first, position) in wanted])
+        except Exception as exc:  # like a failed pass: the requests in it end, the scheduler goes on
+            log.exception("draft head pass failed")
+            self.scheduler.fail([r for r, _ in wanted], exc)
+            return
+        for (request, _), drafted in zip(wanted, drafts):
+            request.decoder.take_drafts(drafted)
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

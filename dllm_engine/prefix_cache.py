@@ -63,13 +63,16 @@ class PrefixStore:
         returns its length (0: nothing worth copying)."""
         best, donor = 0, None
         for entry in self._entries:
+            if entry[1].shape[0] < cache.k.shape[0]:
+                continue  # it lacks layers this cache needs (a draft head's: an AR request's cache)
             length = min(common_prefix_len(entry[0], token_ids), limit)
             if length > best:
                 best, donor = length, entry
         if donor is None or best < self.min_tokens:
             return 0
-        cache.k[:, :, :best].copy_(donor[1][:, :, :best])
-        cache.v[:, :, :best].copy_(donor[2][:, :, :best])
+        layers = cache.k.shape[0]
+        cache.k[:, :, :best].copy_(donor[1][:layers, :, :best])
+        cache.v[:, :, :best].copy_(donor[2][:layers, :, :best])
         return best
 
     def clear(self) -> None:

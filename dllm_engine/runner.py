@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from dllm_engine.decoding import StepPlan, pick_tokens
-from dllm_engine.models.fused_cpu import split_head
+from dllm_engine.models.heads import split_head
 from dllm_engine.models.transformer import Segment, Transformer
 from kernels import confidence_head
 
@@ -39,8 +39,15 @@ class TorchPass:
         hidden = self.model.forward_segments(segments)
         return hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
 
+    def forward_with_taps(self, segments: list[Segment], rows: list[int], tap_layers: list[int],
+                          tap_rows: list[int]) -> tuple[Tensor, Tensor]:
+        hidden, taps = self.model.forward_segments(segments, tap_layers)
+        pick = lambda r: torch.tensor(r, dtype=torch.long, device=hidden.device)  # noqa: E731
+        return hidden[pick(rows)], taps[pick(tap_rows)]
+
     def greedy(self, hidden: Tensor, draft_rows: list[int] | None = None) -> tuple[Tensor, Tensor]:
         weight = self.model.output_weight
+        hidden = self.model.head_input(hidden)
         if not draft_rows or self.draft_vocab is None:
             return confidence_head(hidden, weight)[:2]
         vocab = self.draft_vocab.to(weight.device)
@@ -74,16 +81,68 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return "torch"
 
 
-class ModelRunner:
-    def __init__(self, model: Transformer, backend: str, packed: dict | None = None,
-                 draft_vocab: list[int] | None = None):
-        self.backend = backend
-        if backend == "fused":
-            from dllm_engine.models.fused_cpu import FusedCpuModel
+ACTIVATIONS = ("auto", "int8", "fp32")
 
-            self.pass_ = FusedCpuModel(model, packed, draft_vocab)
+
+def resolve_activations(activations: str, backend: str) -> str:
+    """'auto': 8-bit activations on the fused CPU pass (its integer kernels), fp32 on torch."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+    if activations == "auto":
+        return "int8" if backend == "fused" else "fp32"
+    return activations
+
+
+class TorchDraftHead:
+    """A draft head's steps in torch (GPUs, CPUs without the fused pass, and its reference)."""
+
+    def __init__(self, head, target: Transformer, draft_vocab: list[int]):
+        self.head, self.target = head, target
+        self.first_layer = target.config.num_layers
+        self.vocab = torch.tensor(draft_vocab, dtype=torch.long)
+
+    def write_context(self, runs: list[tuple[Tensor, int, object]]) -> None:
+        for features, start, cache in runs:
+            self.head.write_context(features.to(self.target.embed_tokens.dtype), start,
+                                    cache.view(self.first_layer, self.head.spec.layers), self.target.rope)
+
+    def draft(self, blocks: list[tuple[int, int, object]]) -> list[list[int]]:
+        vocab = self.vocab.to(self.target.embed_tokens.device)
+        weight = self.target.output_weight[vocab]
+        drafted = []
+        for first, start, cache in blocks:
+            hidden = self.head.draft_block(first, start, cache.view(self.first_layer, self.head.spec.layers),
+                                           self.target.embed_tokens, self.target.rope)
+            index = confidence_head(self.target.head_input(hidden[1:]), weight)[0]
+            drafted.append(vocab[index].tolist())
+        return drafted
+
+
+class ModelRunner:
+    """activations: "int8" runs the fused pass's integer kernels (kernel: which variant), and
+    makes the torch pass quantize its activations the same way (its reference); "fp32" neither."""
+
+    def __init__(self, model: Transformer, backend: str, packed: dict | None = None,
+                 draft_vocab: list[int] | None = None, activations: str = "auto", kernel: str = "auto",
+                 draft_head=None, head_blocks: dict | None = None):
+        from dllm_engine.models.fused_cpu import FusedCpuModel, FusedDraftHead, mirror_int8_activations
+
+        self.backend = backend
+        self.activations = resolve_activations(activations, backend)
+        self.tap_layers = list(draft_head.spec.taps) if draft_head is not None else []
+        self.drafter = None
+        if backend == "fused":
+            self.pass_ = FusedCpuModel(model, packed, draft_vocab, self.activations, kernel)
+            self.kernel = self.pass_.kernel
+            if draft_head is not None:
+                self.drafter = FusedDraftHead(draft_head, model, packed or {}, head_blocks or {}, draft_vocab,
+                                              self.activations, kernel)
         else:
+            mirror_int8_activations(model, packed, on=self.activations == "int8")
             self.pass_ = TorchPass(model, draft_vocab)
+            self.kernel = "torch"
+            if draft_head is not None:
+                self.drafter = TorchDraftHead(draft_head, model, draft_vocab)
 
     def run(self, plans: list[StepPlan], sampling: list[tuple[float, torch.Generator | None]],
             drafts_only: list[bool] | None = None,
@@ -94,8 +153,16 @@ class ModelRunner:
         the draft vocabulary. scored[i]: token ids whose probabilities at plan i's first target
         are returned (the third value, None for plans that ask for none)."""
         segments, rows = pack(plans)
+        tap_rows = packed_tap_rows(plans)
         with torch.inference_mode():
-            hidden = self.pass_.forward(segments, rows)
+            if tap_rows:
+                hidden, taps = self.pass_.forward_with_taps(segments, rows, self.tap_layers, tap_rows)
+                offset = 0
+                for plan in plans:
+                    plan.taps = taps[offset:offset + len(plan.tap_rows)] if plan.tap_rows else None
+                    offset += len(plan.tap_rows)
+            else:
+                hidden = self.pass_.forward(segments, rows)
             tokens, confidence = self.pass_.greedy(hidden, draft_rows(plans, drafts_only or [False] * len(plans)))
             offset, probs = 0, []
             for plan, (temperature, generator), wanted in zip(plans, sampling, scored or [()] * len(plans)):
@@ -111,6 +178,14 @@ class ModelRunner:
                 offset += count
         return tokens.tolist(), confidence, probs  # one host read for the batch (a device sync on a GPU)
 
+    def draft(self, requests: list[tuple[Tensor, int, object, int, int]]) -> list[list[int]]:
+        """The draft head's step for requests (context features, their first position, the
+        request's cache, the exact token a block starts with, its position): the context into
+        the caches, then every block in one pass; each request's drafts."""
+        with torch.inference_mode():
+            self.drafter.write_context([(features, start, cache) for features, start, cache, _, _ in requests])
+            return self.drafter.draft([(first, position, cache) for _, _, cache, first, position in requests])
+
 
 def draft_rows(plans: list[StepPlan], drafts_only: list[bool]) -> list[int]:
     """The targets (in pass order) that only draft: free targets of exactly decoded plans."""
@@ -119,6 +194,15 @@ def draft_rows(plans: list[StepPlan], drafts_only: list[bool]) -> list[int]:
         if only:
             rows.extend(offset + i for i, t in enumerate(plan.targets) if not t.forced and t.given is None)
         offset += len(plan.targets)
+    return rows
+
+
+def packed_tap_rows(plans: list[StepPlan]) -> list[int]:
+    """Every plan's tap rows, as rows of the packed pass."""
+    rows, packed = [], 0
+    for plan in plans:
+        rows.extend(packed + r for r in plan.tap_rows)
+        packed += sum(s.tokens.numel() for s in plan.segments)
     return rows
 
 

@@ -15,6 +15,7 @@ import torch
 
 from dllm_engine.decoding import BlockCausalDecoder, DeadlineController, FullAttentionDecoder, StepPlan
 from dllm_engine.decoding.batch_commit import Choice, choose_commits
+from dllm_engine.detokenize import IncrementalText
 from dllm_engine.prefix_cache import PrefixStore
 from dllm_engine.request import DraftUpdate, GenerationParams, RequestHandle, RequestStats
 
@@ -36,6 +37,7 @@ class LiveRequest:
     stats: RequestStats = field(default_factory=RequestStats)
     committed_in_denoise: int = 0
     token_probs: list[float] | None = None  # GenerationParams.score_tokens, after the first pass
+    text: IncrementalText | None = None  # the reply's text, decoded a tail at a time
 
     @property
     def sampling(self) -> tuple[float, torch.Generator | None]:
@@ -182,13 +184,18 @@ class Scheduler:
 
     def publish(self, request: LiveRequest, final: bool, reason: str | None = None, error: str | None = None) -> None:
         decoder, stats = request.decoder, request.stats
-        settled = decoder.settled_ids()
+        settled, drafted = decoder.settled_ids(), decoder.draft_ids()
         stats.new_tokens = len(settled)
         stats.elapsed_s = self.clock() - request.submitted
+        if request.text is None:
+            request.text = IncrementalText(self.decode)
+        committed_text = request.text.text(settled)
+        draft_text = (request.text.extended(settled, drafted[len(settled):]) if drafted[:len(settled)] == settled
+                      else self.decode(drafted))
         request.handle._publish(DraftUpdate(
             request_id=request.handle.request_id,
-            committed_text=self.decode(settled),
-            draft_text=self.decode(decoder.draft_ids()),
+            committed_text=committed_text,
+            draft_text=draft_text,
             token_ids=settled, step=stats.denoise_steps, final=final, finish_reason=reason,
             stats=RequestStats(**vars(stats)), error=error, token_probs=request.token_probs,
         ))

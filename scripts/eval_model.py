@@ -58,10 +58,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--verify-drafts", type=int, default=GenerationParams.verify_drafts,
                         help="drafts the cache write checks each step (0: off)")
+    parser.add_argument("--activations", default="auto", choices=["auto", "int8", "fp32"],
+                        help="the fused pass's activations (auto: int8)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args()
 
-    engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0)
+    engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0,
+                         activations=args.activations)
     prompts = voice_prompts(args.eval_prompts, seed=1000)  # the held-out draw (scripts/train_adapter.py)
     held_out = [conversation(p, voice_system=i % 2 == 0) for i, p in enumerate(prompts)]
     sanity = [[{"role": "user", "content": q}] for q, _ in SANITY_QUESTIONS]
@@ -74,6 +77,7 @@ def main() -> None:
     ar = run_all(engine, held_out + sanity, params("autoregressive"), args.concurrency)
     ar_held, ar_sanity = ar[:len(held_out)], ar[len(held_out):]
     report = {"model": args.model, "dtype": str(engine.cache_dtype).removeprefix("torch."),
+              "activations": engine.activations, "kernel": engine.kernel,
               "verify_drafts": args.verify_drafts, "eval_prompts": len(held_out),
               "block_size": args.block_size or engine.config.block_size, "max_new_tokens": args.max_new_tokens,
               "sanity_questions": len(sanity),

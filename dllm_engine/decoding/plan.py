@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torch import Tensor
+
 from dllm_engine.models.transformer import Segment
 
 
@@ -23,3 +25,7 @@ class Target:
 class StepPlan:
     segments: list[Segment] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
+    # rows (of the plan's packed segments) whose tapped hidden states a draft head needs; the
+    # runner fills `taps` [len(tap_rows), taps * hidden] after the pass
+    tap_rows: list[int] = field(default_factory=list)
+    taps: Tensor | None = None

@@ -40,6 +40,16 @@ class LoadedModel:
     packed: dict = field(default_factory=dict)
     # token ids a drafted row chooses among (the commonest of the model's own replies), or None
     draft_vocab: list[int] | None = None
+    # a draft head on the model's own hidden states (dllm_engine/models/draft_head.py), its
+    # matrices as Q8_0 blocks by parameter name (what the fused pass reads), and its metadata
+    draft_head: object | None = None
+    draft_head_blocks: dict = field(default_factory=dict)
+    draft_head_meta: dict = field(default_factory=dict)
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the model decodes in diffusion mode (an adapter's mask blocks or a draft head)."""
+        return self.config.is_diffusion
 
     @property
     def parameter_count(self) -> int:
@@ -73,7 +83,8 @@ class RegisteredModel:
     name: str
     description: str
     base: str  # a registered name or a loader source
-    adapter: str | None = None  # file stem under dllm_engine/adapters/
+    adapter: str | None = None  # file stem under dllm_engine/adapters/: a LoRA drafter
+    draft_head: str | None = None  # file stem under dllm_engine/adapters/: a draft head
 
 
 REGISTRY = {
@@ -99,6 +110,8 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, download: 
             loaded.name = entry.name
         if entry.adapter:
             attach_adapter(loaded, ADAPTER_DIR / f"{entry.adapter}.safetensors")
+        if entry.draft_head:
+            attach_draft_head(loaded, ADAPTER_DIR / f"{entry.draft_head}.safetensors")
         return loaded
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf":
@@ -130,6 +143,45 @@ def _hub_snapshot(repo_id: str, download: bool) -> Path:
     except LocalEntryNotFoundError as exc:
         hint = "" if download else " (pass --download to fetch it, if online)"
         raise UnknownModelError(f"{repo_id} is not in the local Hugging Face cache{hint}") from exc
+
+
+# ---- draft heads ---------------------------------------------------------------------------------
+def attach_draft_head(loaded: LoadedModel, path: Path) -> None:
+    """Give an AR model a trained draft head (written by dllm_engine/training/draft_export.py):
+    diffusion mode then verifies the head's blocks (DraftHeadDecoder)."""
+    from dllm_engine.models.draft_head import DraftHead, DraftHeadSpec
+    from dllm_engine.models.fused_cpu import PackedWeight
+    from dllm_engine.training.draft_export import BLOCKS_SUFFIX, dequantize_q8_0
+
+    if not path.is_file():
+        raise FileNotFoundError(f"draft head weights {path} are missing (train them with scripts/train_draft_head.py)")
+    meta = adapter_metadata(path)
+    spec = DraftHeadSpec(taps=tuple(meta["taps"]), layers=int(meta["layers"]), block_size=int(meta["block_size"]))
+    head = DraftHead(loaded.config, spec)
+    params = head.state_dict()
+    blocks, seen = {}, set()
+    for name, value in load_file(str(path)).items():
+        if name.endswith(BLOCKS_SUFFIX):
+            name = name.removesuffix(BLOCKS_SUFFIX)
+            rows, cols = params[name].shape if name in params else (0, 0)
+            if name not in params or tuple(value.shape) != (rows, cols // 32 * 34):
+                raise ValueError(f"draft head {path.name}: tensor {name} of shape {tuple(value.shape)} (Q8_0 "
+                                 f"blocks) does not fit the head")
+            blocks[name] = PackedWeight("q8_0", value, rows, cols)
+            value = dequantize_q8_0(value, rows, cols)
+        if name not in params or params[name].shape != value.shape:
+            raise ValueError(f"draft head {path.name}: tensor {name} of shape {tuple(value.shape)} does not fit the head")
+        params[name].copy_(value.to(params[name].dtype))
+        seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise ValueError(f"draft head {path.name} lacks tensors: {', '.join(missing[:5])}")
+    head.to(loaded.model.embed_tokens.dtype).requires_grad_(False)
+    loaded.draft_head, loaded.draft_head_blocks, loaded.draft_head_meta = head, blocks, meta
+    loaded.draft_vocab = [int(t) for t in meta["draft_vocab"]]
+    config = loaded.config
+    config.mask_token_id = config.vocab_size  # the head's mask rows; the target never sees one
+    config.block_size = spec.block_size
 
 
 # ---- adapters ----------------------------------------------------------------------------------

@@ -4,8 +4,11 @@
 dispatch costs more than their arithmetic (60 ms a pass whether it carries 1 token or 16).
 `FusedCpuModel` hands the whole pass to one C++ call over the same weights: the checkpoint's
 own quantized blocks when it has them (llama.cpp's Q4_1 / Q8_0: a pass then streams ~96 MB
-instead of 268 MB in bf16), fp32 otherwise. Activations, attention and the KV cache are fp32,
-so the output equals the fp32 torch path up to summation order (tests/engine/test_fused_cpu.py).
+instead of 268 MB in bf16), fp32 otherwise. With `activations="int8"` (the default) the
+matmuls over quantized blocks take 8-bit activations and integer dot products (int8.h);
+`"fp32"` dequantizes the blocks and multiplies in fp32. Attention and the KV cache are fp32.
+The torch pass computes the same when `mirror_int8_activations` gives it the same activation
+quantization, up to summation order (tests/engine/test_fused_cpu.py).
 """
 
 from __future__ import annotations
@@ -15,21 +18,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dllm_engine.models.heads import split_head
 from dllm_engine.models.transformer import Segment, Transformer
 
 _VISIBILITY = {"full": 0, "causal": 1, "blocks": 2}
-
-
-def split_head(hidden: Tensor, draft_rows: list[int], full, draft) -> tuple[Tensor, Tensor]:
-    """A greedy head over hidden's rows: `draft` on draft_rows, `full` on the rest."""
-    is_draft = torch.zeros(hidden.shape[0], dtype=torch.bool)
-    is_draft[draft_rows] = True
-    tokens = torch.empty(hidden.shape[0], dtype=torch.long)
-    confidence = torch.empty(hidden.shape[0])
-    for rows, head in ((~is_draft, full), (is_draft, draft)):
-        if bool(rows.any()):
-            tokens[rows], confidence[rows] = head(hidden[rows].contiguous())
-    return tokens, confidence
+ACTIVATIONS = ("int8", "fp32")
 
 
 @dataclass
@@ -61,12 +54,42 @@ class PackedWeight:
                             parts[0].cols)
 
 
-class FusedCpuModel:
-    """forward / greedy / logits of a Transformer, computed by kernels.cpu."""
+def quantized_parts(model: Transformer, packed: dict) -> tuple[list, bool]:
+    """The projections the fused pass reads as quantized blocks, and whether the head is one."""
+    projections = []
+    for i, layer in enumerate(model.layers):
+        groups = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
+        modules = {"qkv": layer.qkv, "o": layer.o_proj, "gate_up": layer.mlp.gate_up, "down": layer.mlp.down}
+        for name, keys in groups.items():
+            parts = [packed.get((i, k)) for k in keys]
+            if all(p is not None for p in parts) and PackedWeight.cat(parts) is not None:
+                projections.append(modules[name])
+    head = (None, "lm_head") if model.lm_head is not None else (None, "embed")
+    return projections, head in packed
 
-    def __init__(self, model: Transformer, packed: dict | None = None, draft_vocab: list[int] | None = None):
+
+def mirror_int8_activations(model: Transformer, packed: dict | None, on: bool = True) -> None:
+    """Makes the torch pass quantize activations exactly where the fused pass's integer matmuls
+    do (the reference the fused pass is tested against)."""
+    projections, head = quantized_parts(model, packed or {})
+    for projection in projections:
+        projection.int8_input = on
+    model.int8_head = on and head
+
+
+class FusedCpuModel:
+    """forward / greedy / logits of a Transformer, computed by kernels.cpu.
+
+    activations: "int8" (integer matmuls over 8-bit activations where the weights are quantized
+    blocks) or "fp32". kernel: the integer kernel variant, "auto" (the best this CPU runs) or
+    one of `kernels.cpu.int8_variants()`."""
+
+    def __init__(self, model: Transformer, packed: dict | None = None, draft_vocab: list[int] | None = None,
+                 activations: str = "int8", kernel: str = "auto"):
         from kernels import cpu
 
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         self.cpu = cpu
         self.config = model.config
         self.has_adapter = model.has_adapter
@@ -78,6 +101,12 @@ class FusedCpuModel:
         problem = self._model.check()
         if problem:
             raise ValueError(f"the fused CPU model is inconsistent: {problem}")
+        try:
+            self._model.set_activations("fp32" if activations == "fp32" else kernel)
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from exc
+        self.activations = activations
+        self.kernel = self._model.activations()  # the variant that runs ("fp32" for fp32 activations)
 
     # ---- building -----------------------------------------------------------------------
     def _weight(self, name: str, layer: int, dense: Tensor, packed: PackedWeight | None) -> None:
@@ -104,17 +133,21 @@ class FusedCpuModel:
         self._vector("rope_sin", -1, model.rope.sin)
         if model.mask_embedding is not None:
             self._vector("mask_embedding", -1, model.mask_embedding)
-        for i, layer in enumerate(model.layers):
-            parts = {
-                "qkv": [packed.get((i, k)) for k in ("q", "k", "v")],
-                "o": [packed.get((i, "o"))],
-                "gate_up": [packed.get((i, k)) for k in ("gate", "up")],
-                "down": [packed.get((i, "down"))],
-            }
+
+        def blocks(i: int, name: str) -> PackedWeight | None:
+            parts = [packed.get((i, k)) for k in {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"),
+                                                  "down": ("down",)}[name]]
+            return PackedWeight.cat(parts) if all(p is not None for p in parts) else None
+
+        self._build_layers(model.layers, blocks)
+
+    def _build_layers(self, layers, blocks) -> None:
+        """Every decoder layer's weights; blocks(i, projection) gives the quantized blocks of a
+        projection where there are some (None: its dense weight)."""
+        for i, layer in enumerate(layers):
             projections = {"qkv": layer.qkv, "o": layer.o_proj, "gate_up": layer.mlp.gate_up, "down": layer.mlp.down}
             for name, projection in projections.items():
-                blocks = PackedWeight.cat(parts[name]) if all(p is not None for p in parts[name]) else None
-                self._weight(name, i, projection.weight, blocks)
+                self._weight(name, i, projection.weight, blocks(i, name))
                 if projection.lora is not None:
                     lora = projection.lora
                     self._weight(f"lora_down.{name}", i, lora.down, None)
@@ -137,6 +170,12 @@ class FusedCpuModel:
     # ---- the pass -----------------------------------------------------------------------
     def forward(self, segments: list[Segment], rows: list[int]) -> Tensor:
         """Final-normed hidden states [len(rows), hidden] of a packed pass (its caches written)."""
+        return self.forward_with_taps(segments, rows, [], [])[0]
+
+    def forward_with_taps(self, segments: list[Segment], rows: list[int], tap_layers: list[int],
+                          tap_rows: list[int]) -> tuple[Tensor, Tensor]:
+        """forward, and the hidden states after each of `tap_layers` at `tap_rows`
+        [len(tap_rows), len(tap_layers) * hidden] (a draft head's context)."""
         table, row0, adapter_rows = [], 0, []
         for s in segments:
             count = s.tokens.numel()
@@ -147,10 +186,12 @@ class FusedCpuModel:
                 adapter_rows.extend(range(row0, row0 + count))
             row0 += count
         tokens = torch.cat([s.tokens for s in segments]).long()
+        layers = self.config.num_layers  # a cache may hold a draft head's layers after these
         return self._model.forward(tokens, torch.tensor(adapter_rows, dtype=torch.long),
                                    torch.tensor(table, dtype=torch.long).reshape(-1, 6),
-                                   [s.cache.k for s in segments], [s.cache.v for s in segments],
-                                   torch.tensor(rows, dtype=torch.long))
+                                   [s.cache.k[:layers] for s in segments], [s.cache.v[:layers] for s in segments],
+                                   torch.tensor(rows, dtype=torch.long), torch.tensor(tap_layers, dtype=torch.long),
+                                   torch.tensor(tap_rows, dtype=torch.long))
 
     def greedy(self, hidden: Tensor, draft_rows: list[int] | None = None) -> tuple[Tensor, Tensor]:
         """(argmax token, its softmax probability) per row; draft_rows over the draft vocabulary."""
@@ -160,3 +201,80 @@ class FusedCpuModel:
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self._model.logits(hidden.contiguous())
+
+
+class FusedDraftHead(FusedCpuModel):
+    """A draft head's two steps on kernels/cpu: `context` (verified positions' features into the
+    head's layers of each request's cache) and `draft` (blocks through the head, greedy over the
+    draft vocabulary). Shares the target's embedding blocks; the head's matrices are Q8_0."""
+
+    def __init__(self, head, target: Transformer, target_packed: dict, head_blocks: dict, draft_vocab: list[int],
+                 activations: str = "int8", kernel: str = "auto"):
+        from kernels import cpu
+
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        self.cpu = cpu
+        self.config = head.config
+        self.has_adapter = False
+        self.first_layer = target.config.num_layers  # where the head's layers sit in a request's cache
+        self.block_size = head.spec.block_size
+        self._model = cpu.extension().Model()
+        c = head.config
+        self.mask_token = c.vocab_size  # a block's mask rows (the vocabulary has no mask token)
+        self._model.configure(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                              c.vocab_size, c.max_position_embeddings, self.mask_token, c.rms_norm_eps, c.num_layers)
+        embed_blocks = target_packed.get((None, "embed"))
+        self._weight("embed", -1, target.embed_tokens, embed_blocks)
+        self._weight("head", -1, target.embed_tokens, embed_blocks)
+        self._vector("final_norm", -1, head.norm.weight)
+        self._vector("mask_embedding", -1, head.mask_embedding)
+        self._vector("rope_cos", -1, target.rope.cos)
+        self._vector("rope_sin", -1, target.rope.sin)
+        self._weight("context_fc", -1, head.fc.weight, head_blocks.get("fc.weight"))
+        self._vector("context_norm", -1, head.hidden_norm.weight)
+        names = {"qkv": "qkv.weight", "o": "o_proj.weight", "gate_up": "mlp.gate_up.weight", "down": "mlp.down.weight"}
+        self._build_layers(head.layers, lambda i, name: head_blocks.get(f"layers.{i}.{names[name]}"))
+        self.has_draft_head = True
+        self._build_draft_head(target, target_packed, draft_vocab)
+        problem = self._model.check()
+        if problem:
+            raise ValueError(f"the fused draft head is inconsistent: {problem}")
+        try:
+            self._model.set_activations("fp32" if activations == "fp32" else kernel)
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from exc
+        self.activations, self.kernel = activations, self._model.activations()
+
+    def _own(self, cache):
+        return cache.view(self.first_layer, self.config.num_layers)
+
+    def write_context(self, runs: list[tuple[Tensor, int, object]]) -> None:
+        """(features [n, context width], first position, request cache) per request, one pass."""
+        table, row0 = [], 0
+        for features, start, cache in runs:
+            n = features.shape[0]
+            table.append((row0, n, start, start + n, _VISIBILITY["causal"], 1))
+            row0 += n
+        own = [self._own(cache) for _, _, cache in runs]
+        self._model.context(torch.cat([f for f, _, _ in runs]).float().contiguous(),
+                            torch.tensor(table, dtype=torch.long).reshape(-1, 6),
+                            [c.k for c in own], [c.v for c in own])
+
+    def draft(self, blocks: list[tuple[int, int, object]]) -> list[list[int]]:
+        """(exact first token, its position, request cache) per request: each block's drafts
+        (block_size - 1 tokens), one pass for all of them."""
+        size = self.block_size
+        table, tokens, rows = [], [], []
+        for index, (first, start, _) in enumerate(blocks):
+            row0 = index * size
+            table.append((row0, size, start, start + size, _VISIBILITY["full"], 1))
+            tokens.extend([first] + [self.mask_token] * (size - 1))
+            rows.extend(range(row0 + 1, row0 + size))
+        own = [self._own(cache) for _, _, cache in blocks]
+        hidden, _ = self._model.forward(torch.tensor(tokens, dtype=torch.long), torch.tensor([], dtype=torch.long),
+                                        torch.tensor(table, dtype=torch.long).reshape(-1, 6),
+                                        [c.k for c in own], [c.v for c in own], torch.tensor(rows, dtype=torch.long),
+                                        torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long))
+        drafted, _ = self._model.greedy(hidden, True)
+        return drafted.view(len(blocks), size - 1).tolist()

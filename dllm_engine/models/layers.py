@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kernels.activation_quant import quantize_activations
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -72,12 +74,15 @@ class Projection(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.lora: LoRA | None = None
+        # the fused CPU pass multiplies this weight by 8-bit activations: the torch pass can too
+        # (its test twin), the adapter's side path never
+        self.int8_input = False
 
     def forward(self, x: Tensor, adapter_gate: Tensor | None = None) -> Tensor:
         """adapter_gate: None (base weights only), a bool mask over x's rows (training's dense
         pass), or the int64 indices of the rows of a packed [N, in] x (the engine's pass: no
         mask scan or host sync per projection)."""
-        y = F.linear(x, self.weight, self.bias)
+        y = F.linear(quantize_activations(x) if self.int8_input else x, self.weight, self.bias)
         if self.lora is None or adapter_gate is None:
             return y
         if adapter_gate.dtype == torch.int64 and adapter_gate.dim() == 1 and x.dim() == 2:

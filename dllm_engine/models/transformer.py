@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from dllm_engine.models.config import ModelConfig
 from dllm_engine.models.layers import MLP, LoRA, Projection, RMSNorm, RotaryEmbedding, apply_rotary
-from kernels import block_attention
+from kernels import block_attention, quantize_activations
 from kernels.block_attention import grouped_attention
 
 
@@ -30,8 +30,9 @@ class KVCache:
     """
 
     def __init__(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 allocate: bool = True):
-        self.shape = (config.num_layers, config.num_kv_heads, max_len, config.head_dim)
+                 allocate: bool = True, extra_layers: int = 0):
+        # extra_layers: a draft head's, after the model's own (dllm_engine/models/draft_head.py)
+        self.shape = (config.num_layers + extra_layers, config.num_kv_heads, max_len, config.head_dim)
         self.dtype, self.device = dtype, device
         self.max_len = max_len
         self.k: Tensor | None = None
@@ -43,6 +44,18 @@ class KVCache:
         if self.k is None:
             self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
             self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+
+    @property
+    def layers(self) -> int:
+        return self.shape[0]
+
+    def view(self, first: int, count: int) -> "KVCache":
+        """Layers [first, first + count) of this cache, sharing its memory (allocated)."""
+        view = object.__new__(KVCache)
+        view.shape = (count, *self.shape[1:])
+        view.dtype, view.device, view.max_len = self.dtype, self.device, self.max_len
+        view.k, view.v = self.k[first:first + count], self.v[first:first + count]
+        return view
 
 
 @dataclass
@@ -116,6 +129,7 @@ class Transformer(nn.Module):
         )
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
         self.has_adapter = False
+        self.int8_head = False  # the output head reads 8-bit activations (see Projection.int8_input)
 
     # ---- pieces -------------------------------------------------------------------------
     @property
@@ -131,7 +145,10 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Output head on already-normed hidden states (only the rows the caller needs)."""
-        return F.linear(hidden, self.output_weight)
+        return F.linear(self.head_input(hidden), self.output_weight)
+
+    def head_input(self, hidden: Tensor) -> Tensor:
+        return quantize_activations(hidden) if self.int8_head else hidden
 
     def add_adapter(self, rank: int, alpha: float, dtype: torch.dtype | None = None) -> None:
         """Attach zero-initialised LoRA modules to every projection (the base stays frozen)."""
@@ -142,8 +159,9 @@ class Transformer(nn.Module):
         self.has_adapter = True
 
     # ---- the engine's packed pass -------------------------------------------------------
-    def forward_segments(self, segments: list[Segment]) -> Tensor:
-        """Run packed segments; returns final-normed hidden states [N, hidden] in order."""
+    def forward_segments(self, segments: list[Segment], tap_layers: list[int] | None = None):
+        """Run packed segments; returns final-normed hidden states [N, hidden] in order (and,
+        with tap_layers, the outputs of those layers [N, len(tap_layers) * hidden])."""
         # plans are built on the host; everything the pass needs moves to the weights' device once
         device = self.embed_tokens.device
         tokens = torch.cat([s.tokens for s in segments]).to(device, non_blocking=True)
@@ -156,6 +174,7 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         cos, sin = self.rope.tables(positions, x.dtype)
         masks = [None if m is None else m.to(device) for m in map(_visibility_mask, segments)]
+        tapped: dict[int, Tensor] = {}
         block_prefixes = [None if p is None else p.to(device) for p in map(_block_prefix, segments)]
         for index, layer in enumerate(self.layers):
             q, k, v = layer.project_qkv(x, cos, sin, gate)
@@ -166,6 +185,10 @@ class Transformer(nn.Module):
                 offset = rows.stop
             attn = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
             x = layer.finish(x, attn, gate)
+            if tap_layers and index in tap_layers:
+                tapped[index] = x
+        if tap_layers:
+            return self.final_norm(x), torch.cat([tapped[i] for i in tap_layers], dim=-1)
         return self.final_norm(x)
 
     # ---- dense pass (training, reference checks) -----------------------------------------

@@ -1,5 +1,8 @@
-"""CPU kernels in C++ (AVX2 + FMA + F16C): the engine's whole packed forward pass in one call,
-over weights kept in their checkpoint's blocks (llama.cpp's Q4_1 / Q8_0) or fp32.
+"""CPU kernels in C++: the engine's whole packed forward pass in one call, over weights kept in
+their checkpoint's blocks (llama.cpp's Q4_1 / Q8_0) or fp32, with 8-bit activations and integer
+dot products (csrc/int8.h) or fp32 ones. The baseline is AVX2 + FMA + F16C; every integer kernel
+variant is compiled (AVX2, AVX-512 VNNI) and the best one this CPU runs is chosen at load
+(`int8_variants()` lists them, fastest first).
 
 The extension is compiled on first use with torch's cpp_extension (ninja + the system C++
 compiler, ~1 minute) into torch's extension cache, and reused after; `make setup` builds it
@@ -16,7 +19,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = ["bindings.cpp", "matmul.cpp", "attention.cpp", "model.cpp"]
+SOURCES = ["bindings.cpp", "matmul.cpp", "attention.cpp", "model.cpp", "quantize.cpp", "int8_avx2.cpp",
+           "int8_avx512.cpp", "machine.cpp"]
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _CPU_FLAGS = ("avx2", "fma", "f16c")
 
@@ -55,6 +59,11 @@ def extension():
         )
     except Exception as exc:  # a missing compiler or ninja, a build error: say so, once
         raise RuntimeError(f"could not build the CPU kernels: {exc}") from exc
+
+
+def int8_variants() -> list[str]:
+    """The integer kernel variants this CPU runs, fastest first ([] when the kernels cannot build)."""
+    return [] if available() else list(extension().int8_variants())
 
 
 def available() -> str | None:

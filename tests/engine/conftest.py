@@ -32,10 +32,11 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return directory
 
 
-def _run_dllm_generate(model: str, prompt: str, max_new_tokens: int) -> dict:
+def _run_dllm_generate(model: str, prompt: str, max_new_tokens: int, activations: str = "fp32") -> dict:
     """`dllm generate ... --json` as a user runs it (a subprocess); returns its JSON object."""
     command = [sys.executable, "-m", "dllm_engine.cli", "generate", "--model", model, "--mode", "autoregressive",
-               "--dtype", "float32", "--raw", "--max-new-tokens", str(max_new_tokens), "--json", prompt]
+               "--dtype", "float32", "--activations", activations, "--raw", "--max-new-tokens", str(max_new_tokens),
+               "--json", prompt]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert result.returncode == 0, f"dllm generate failed ({result.returncode}):\n{result.stderr[-3000:]}"
     lines = [line for line in result.stdout.splitlines() if line.strip()]

@@ -41,11 +41,12 @@ def test_batched_requests_give_the_same_tokens_as_alone(engine, mode):
 def test_cancel_stops_within_one_step_and_frees_the_request(engine):
     params = GenerationParams(mode="autoregressive", max_new_tokens=150, stop_at_eos=False)
     handle = engine.submit(PROMPTS[0], params)
-    first = next(iter(handle))
+    next(iter(handle))
     handle.cancel()
+    at_cancel = handle.last.step  # the newest step published once cancel() returned (readers may lag)
     final = handle.result(timeout=30)
     assert final.final and final.finish_reason == "cancelled"
-    assert final.step <= first.step + 2  # the step in flight when cancel() ran, then it stops
+    assert final.step <= at_cancel + 1  # at most the step in flight when cancel() ran, then it stops
     assert engine.live_requests == 0
     # the others carry on undisturbed
     assert engine.generate(PROMPTS[1], GenerationParams(max_new_tokens=4, stop_at_eos=False)).stats.new_tokens == 4

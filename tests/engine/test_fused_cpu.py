@@ -11,10 +11,10 @@ from gguf.quants import dequantize, quantize
 
 from dllm_engine.engine import Engine
 from dllm_engine.loading import load_model
-from dllm_engine.models.fused_cpu import FusedCpuModel
+from dllm_engine.models.fused_cpu import FusedCpuModel, mirror_int8_activations
 from dllm_engine.models.transformer import KVCache, Segment
 from dllm_engine.request import GenerationParams
-from kernels import cpu
+from kernels import cpu, quantize_activations
 from tiny_checkpoints import FAMILY_SPECS, GGUF_VARIANTS, write_hf_checkpoint, write_tiny_llama_gguf
 
 pytestmark = pytest.mark.skipif(cpu.available() is not None, reason=f"CPU kernels unavailable: {cpu.available()}")
@@ -115,24 +115,69 @@ def test_the_adapter_acts_on_adapter_segments_only(make_tiny_bd):
     assert float((torch_hidden - fused_hidden).abs().max()) < TOLERANCE
 
 
-def test_gguf_blocks_are_read_as_stored(tmp_path, tiny_tokenizer):
+KERNELS = [("fp32", "auto")] + [("int8", variant) for variant in cpu.extension().int8_variants()]
+
+
+@pytest.mark.parametrize("activations, kernel", KERNELS)
+def test_gguf_blocks_are_read_as_stored(tmp_path, tiny_tokenizer, activations, kernel):
     """SmolLM2's layout (Q4_1 projections, Q8_0 tied embeddings, permuted q/k rows): the fused
-    pass streams the raw blocks and gives the dequantized torch model's hidden states."""
+    pass streams the raw blocks and gives the dequantized torch model's hidden states, with 8-bit
+    activations on both sides (every integer kernel this CPU runs) or fp32 on both."""
     path = tmp_path / "tiny.gguf"
     write_tiny_llama_gguf(path, tiny_tokenizer, GGUF_VARIANTS["smollm2"])
     loaded = load_model(str(path), dtype=torch.float32)
     assert {key for _, key in loaded.packed} == {"embed", "q", "k", "v", "o", "gate", "up", "down"}
-    fused = FusedCpuModel(loaded.model, loaded.packed)
+    fused = FusedCpuModel(loaded.model, loaded.packed, activations=activations, kernel=kernel)
+    assert fused.kernel == (kernel if activations == "int8" else "fp32")
+    mirror_int8_activations(loaded.model, loaded.packed, on=activations == "int8")
     tokens = _tokens(12, 3)
-    with torch.inference_mode():
-        expected = loaded.model.forward_segments([Segment(tokens, 0, KVCache(loaded.config, 16, torch.float32), 12)])
-        got = fused.forward([Segment(tokens, 0, KVCache(loaded.config, 16, torch.float32), 12)], list(range(12)))
-        logits = loaded.model.logits(expected)
+    try:
+        with torch.inference_mode():
+            cache = KVCache(loaded.config, 16, torch.float32)
+            expected = loaded.model.forward_segments([Segment(tokens, 0, cache, 12)])
+            got = fused.forward([Segment(tokens, 0, KVCache(loaded.config, 16, torch.float32), 12)], list(range(12)))
+            logits = loaded.model.logits(expected)
+    finally:
+        mirror_int8_activations(loaded.model, loaded.packed, on=False)
     assert float((expected - got).abs().max()) < TOLERANCE
     assert float((fused.logits(got) - logits).abs().max()) < TOLERANCE
     tokens_out, confidence = fused.greedy(got)
     assert tokens_out.tolist() == logits.argmax(-1).tolist()
     assert torch.allclose(confidence, torch.softmax(logits, -1).max(-1).values, atol=1e-5)
+
+
+def test_the_torch_quantizer_gives_the_integer_kernels_activations_bit_for_bit():
+    x = torch.randn(7, 96) * torch.logspace(-3, 3, 96)  # blocks of every magnitude
+    x[2, 32:64] = 0.0  # an all-zero block
+    x[3, :32] = torch.tensor([0.5, -0.5, 1.5, -1.5] * 8) * (127 / 1.5)  # ties round to even
+    assert torch.equal(quantize_activations(x), cpu.extension().quantize_activations(x))
+    assert (quantize_activations(x)[2, 32:64] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("shape", [(960, 576), (37, 64), (5, 32)])
+def test_the_integer_kernels_agree_with_each_other_and_keep_rows_independent(kind, shape):
+    """Every variant this CPU runs gives the same bits; a row's output does not depend on the
+    other rows of the pass (AR greedy equals exact diffusion because of it); and the result is
+    the dequantized weights times the quantized activations."""
+    out_features, in_features = shape
+    raw, dense = _blocks(torch.randn(out_features, in_features), Q.Q8_0 if kind == "q8_0" else Q.Q4_1)
+    code = cpu.Q8_0 if kind == "q8_0" else cpu.Q4_1
+    x = torch.randn(13, in_features)
+    outputs = {v: cpu.extension().linear_int8(x, raw, code, out_features, in_features, v)
+               for v in cpu.extension().int8_variants()}
+    first = next(iter(outputs.values()))
+    assert all(torch.equal(first, y) for y in outputs.values())
+    for rows in (1, 3, 8):
+        alone = cpu.extension().linear_int8(x[:rows].contiguous(), raw, code, out_features, in_features)
+        assert torch.equal(alone, first[:rows])
+    expected = quantize_activations(x) @ dense.T
+    assert float((first - expected).abs().max()) < 1e-3 * float(expected.abs().max())
+
+
+def test_an_unknown_integer_kernel_is_refused_by_name():
+    with pytest.raises(RuntimeError, match="no integer kernel 'avx9000'"):
+        cpu.extension().linear_int8(torch.randn(1, 32), torch.zeros(20, dtype=torch.uint8), cpu.Q4_1, 1, 32, "avx9000")
 
 
 def test_a_malformed_pass_is_refused_with_what_was_wrong(make_tiny_bd):
@@ -152,8 +197,8 @@ def test_the_engine_gives_the_same_tokens_on_either_pass(make_tiny_bd, mode):
     loaded = make_tiny_bd(seed=2)
     params = GenerationParams(mode=mode, max_new_tokens=12, block_size=4, threshold=0.3, stop_at_eos=False)
     replies = {}
-    for backend in ("torch", "fused"):
-        engine = Engine(loaded, backend=backend)
+    for backend in ("torch", "fused"):  # the torch pass quantizes activations as the fused one does
+        engine = Engine(loaded, backend=backend, activations="int8")
         try:
             assert engine.backend == backend
             replies[backend] = [engine.generate(p, params).token_ids for p in ("Hello there!", "Tell me a story.")]

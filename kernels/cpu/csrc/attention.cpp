@@ -1,25 +1,25 @@
-// Each (segment, kv head, chunk of rows) is one work item: its queries (every head of the group
-// for every row) form a small matrix Q; scores S = Q Kᵀ run through the projections'
-// micro-kernel, each row's softmax is limited to the keys it may see, and O = S V is
-// accumulated in register tiles. One parallel region serves every segment of every request.
+// Attention of a packed pass's rows over their requests' KV caches. Work items are (segment,
+// kv head, chunk of rows), or per query head for short segments (decoding) so a few rows still
+// split over the team. Each row's query is scored against exactly the keys it may see, 8 keys
+// at a time, softmaxed and weighted over the values: a row's result never depends on which
+// other rows share its item or pass (AR decoding and a verify pass give the same bits).
 #include "attention.h"
-
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "matmul.h"
 #include "simd.h"
 
 namespace dllm {
 namespace {
 
-constexpr int64_t kRowsPerItem = 16;
+constexpr int64_t kRowsPerItem = 8;
+constexpr int64_t kRowsForHeadItems = 16;  // segments this short get an item per query head
 
 struct Item {
   int64_t segment, group, first, count;
+  int64_t head0, heads;  // the group's query heads this item computes (all, or one)
 };
 
 float* scratch(int slot, int64_t floats) {
@@ -51,71 +51,89 @@ void softmax_prefix(float* row, int64_t limit, int64_t n) {
   for (; j < n; ++j) row[j] = 0.0f;
 }
 
-// O[q, 0:d) = sum_j P[q, j] V[j, 0:d) for QR queries, 8 * CV columns from c: QR x CV
-// accumulators, each V row loaded once for all QR queries.
-template <int QR, int CV>
-void values_tile(const float* P, int64_t ldp, int64_t keys, const float* V, int64_t d, int64_t c, float* O) {
-  __m256 acc[QR][CV];
-  for (int q = 0; q < QR; ++q)
-    for (int v = 0; v < CV; ++v) acc[q][v] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < keys; ++j) {
-    __m256 row[CV];
-    for (int v = 0; v < CV; ++v) row[v] = _mm256_loadu_ps(V + j * d + c + 8 * v);
-    for (int q = 0; q < QR; ++q) {
-      const __m256 p = _mm256_set1_ps(P[q * ldp + j]);
-      for (int v = 0; v < CV; ++v) acc[q][v] = _mm256_fmadd_ps(p, row[v], acc[q][v]);
-    }
+// The sum of a vector's 8 lanes in the order scores8 sums each of its keys:
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+inline float tree_sum(__m256 v) {
+  float l[8];
+  _mm256_storeu_ps(l, v);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+// s[j] = q · K[j] for 8 keys: one accumulator per key over the head dimension, then the 8 of
+// them reduced and transposed together. Every score is the same whatever block or count of
+// keys it is computed in (the tail uses the same order), so a row's attention never depends
+// on the other rows of its item.
+inline void scores8(const float* q, const float* K, int64_t d, float* s) {
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + c);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + j * d + c), acc[j]);
   }
-  for (int q = 0; q < QR; ++q)
-    for (int v = 0; v < CV; ++v) _mm256_storeu_ps(O + q * d + c + 8 * v, acc[q][v]);
+  const __m256 h0 = _mm256_hadd_ps(acc[0], acc[1]), h1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 h2 = _mm256_hadd_ps(acc[4], acc[5]), h3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 h01 = _mm256_hadd_ps(h0, h1), h23 = _mm256_hadd_ps(h2, h3);
+  _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31)));
 }
 
-template <int QR>
-void values_rows(const float* P, int64_t ldp, int64_t keys, const float* V, int64_t d, float* O) {
-  int64_t c = 0;
-  for (; c + 32 <= d; c += 32) values_tile<QR, 4>(P, ldp, keys, V, d, c, O);
-  for (; c + 8 <= d; c += 8) values_tile<QR, 1>(P, ldp, keys, V, d, c, O);
-  for (; c < d; ++c)  // head dims that are not a multiple of 8 (tiny test models)
-    for (int q = 0; q < QR; ++q) {
-      float s = 0.0f;
-      for (int64_t j = 0; j < keys; ++j) s += P[q * ldp + j] * V[j * d + c];
-      O[q * d + c] = s;
+void scores(const float* q, const float* K, int64_t d, int64_t keys, float* s) {
+  int64_t j = 0;
+  if (d % 8 == 0) {
+    for (; j + 8 <= keys; j += 8) scores8(q, K + j * d, d, s + j);
+    for (; j < keys; ++j) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(K + j * d + c), acc);
+      s[j] = tree_sum(acc);
     }
+    return;
+  }
+  for (; j < keys; ++j) {  // head dims that are not a multiple of 8 (tiny test models)
+    float total = 0.0f;
+    for (int64_t c = 0; c < d; ++c) total += q[c] * K[j * d + c];
+    s[j] = total;
+  }
 }
 
-// O = P V for `queries` rows of P
-void weighted_values(const float* P, int64_t queries, int64_t keys, const float* V, int64_t d, float* O) {
-  int64_t q = 0;
-  for (; q + 3 <= queries; q += 3) values_rows<3>(P + q * keys, keys, keys, V, d, O + q * d);
-  for (; q < queries; ++q) values_rows<1>(P + q * keys, keys, keys, V, d, O + q * d);
+// O[0:d) = sum_j P[j] V[j, 0:d): each lane accumulates over the keys in order (a key past a
+// row's limit has P = 0 and adds exactly nothing); all 64 columns of a head at once, so 8
+// independent FMA chains hide the FMA latency.
+void weighted_values(const float* P, int64_t keys, const float* V, int64_t d, float* O) {
+  if (d == 64) {
+    __m256 acc[8];
+    for (int v = 0; v < 8; ++v) acc[v] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < keys; ++j) {
+      const __m256 p = _mm256_set1_ps(P[j]);
+      for (int v = 0; v < 8; ++v) acc[v] = _mm256_fmadd_ps(p, _mm256_loadu_ps(V + j * 64 + 8 * v), acc[v]);
+    }
+    for (int v = 0; v < 8; ++v) _mm256_storeu_ps(O + 8 * v, acc[v]);
+    return;
+  }
+  for (int64_t c = 0; c < d; ++c) {
+    float total = 0.0f;
+    for (int64_t j = 0; j < keys; ++j) total = std::fma(P[j], V[j * d + c], total);
+    O[c] = total;
+  }
 }
 
 void attend_item(const Item& item, const Segment& seg, int64_t layer, const AttentionShape& shape,
                  const float* q, int64_t ldq, float* out) {
-  const int64_t d = shape.head_dim, group = shape.heads / shape.kv_heads;
-  const int64_t queries = item.count * group;
-  const int64_t keys = seg.key_limit(item.first + item.count - 1);  // limits grow with the row
+  const int64_t d = shape.head_dim, first_head = item.group * (shape.heads / shape.kv_heads) + item.head0;
   const float scale = 1.0f / std::sqrt(float(d));
-  float* Q = scratch(0, queries * d);
-  float* S = scratch(1, queries * keys);
-  float* O = scratch(2, queries * d);
-  for (int64_t i = 0; i < item.count; ++i)
-    for (int64_t h = 0; h < group; ++h) {
-      const float* src = q + (seg.row0 + item.first + i) * ldq + (item.group * group + h) * d;
-      for (int64_t c = 0; c < d; ++c) Q[(i * group + h) * d + c] = src[c] * scale;
-    }
+  float* Q = scratch(0, d);
+  float* S = scratch(1, seg.key_limit(item.first + item.count - 1));  // limits grow with the row
   const int64_t head_offset = (layer * shape.kv_heads + item.group) * seg.max_len * d;
-  Weight keys_w{kF32, reinterpret_cast<const uint8_t*>(seg.k + head_offset), keys, d};
-  linear_columns(Q, queries, d, keys_w, S, keys, false, 0, keys);
+  const float* K = seg.k + head_offset;
+  const float* V = seg.v + head_offset;
   for (int64_t i = 0; i < item.count; ++i) {
-    const int64_t limit = seg.key_limit(item.first + i);
-    for (int64_t h = 0; h < group; ++h) softmax_prefix(S + (i * group + h) * keys, limit, keys);
+    const int64_t row = seg.row0 + item.first + i, limit = seg.key_limit(item.first + i);
+    for (int64_t h = 0; h < item.heads; ++h) {
+      const float* src = q + row * ldq + (first_head + h) * d;
+      for (int64_t c = 0; c < d; ++c) Q[c] = src[c] * scale;
+      scores(Q, K, d, limit, S);
+      softmax_prefix(S, limit, limit);
+      weighted_values(S, limit, V, d, out + row * shape.heads * d + (first_head + h) * d);
+    }
   }
-  weighted_values(S, queries, keys, seg.v + head_offset, d, O);
-  for (int64_t i = 0; i < item.count; ++i)
-    for (int64_t h = 0; h < group; ++h)
-      std::memcpy(out + (seg.row0 + item.first + i) * shape.heads * d + (item.group * group + h) * d,
-                  O + (i * group + h) * d, d * sizeof(float));
 }
 
 void write_cache(const Segment& seg, int64_t layer, const AttentionShape& shape, const float* k, const float* v,
@@ -131,8 +149,16 @@ void write_cache(const Segment& seg, int64_t layer, const AttentionShape& shape,
 
 }  // namespace
 
+void write_keys_values(const std::vector<Segment>& segments, int64_t layer, const AttentionShape& shape,
+                       const float* qkv, int64_t ld, const Team& team) {
+  const int64_t kv_width = shape.kv_heads * shape.head_dim, q_width = shape.heads * shape.head_dim;
+  for (int64_t s = team.index; s < int64_t(segments.size()); s += team.size)
+    write_cache(segments[s], layer, shape, qkv + q_width, qkv + q_width + kv_width, ld);
+  team.barrier();
+}
+
 void attention(const std::vector<Segment>& segments, int64_t layer, const AttentionShape& shape, const float* qkv,
-               int64_t ld, float* out) {
+               int64_t ld, float* out, const Team& team) {
   // A request's later segment may overwrite cache slots its earlier one wrote and attends to
   // (a drafted block over the checked drafts): segments go in waves, the n-th segment of each
   // cache in wave n, each wave writing its keys and values before it attends.
@@ -144,18 +170,22 @@ void attention(const std::vector<Segment>& segments, int64_t layer, const Attent
   }
   const int64_t kv_width = shape.kv_heads * shape.head_dim, q_width = shape.heads * shape.head_dim;
   for (int64_t w = 0; w < waves; ++w) {
-    std::vector<Item> items;
+    std::vector<Item> items;  // the same list on every thread, shared out in order
     for (int64_t s = 0; s < int64_t(segments.size()); ++s) {
       if (wave[s] != w) continue;
-      write_cache(segments[s], layer, shape, qkv + q_width, qkv + q_width + kv_width, ld);
+      if (s % team.size == team.index) write_cache(segments[s], layer, shape, qkv + q_width, qkv + q_width + kv_width, ld);
+      // short segments (decoding) per query head, so a few rows still split over the team
+      const int64_t rows = segments[s].rows, group = shape.heads / shape.kv_heads;
+      const bool per_head = rows <= kRowsForHeadItems;
       for (int64_t g = 0; g < shape.kv_heads; ++g)
-        for (int64_t first = 0; first < segments[s].rows; first += kRowsPerItem)
-          items.push_back({s, g, first, std::min(kRowsPerItem, segments[s].rows - first)});
+        for (int64_t first = 0; first < rows; first += kRowsPerItem)
+          for (int64_t h = 0; h < (per_head ? group : 1); ++h)
+            items.push_back({s, g, first, std::min(kRowsPerItem, rows - first), per_head ? h : 0, per_head ? 1 : group});
     }
-    at::parallel_for(0, int64_t(items.size()), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        attend_item(items[i], segments[items[i].segment], layer, shape, qkv, ld, out);
-    });
+    team.barrier();
+    const auto [i0, i1] = team.share(int64_t(items.size()));  // neighbours share keys and values
+    for (int64_t i = i0; i < i1; ++i) attend_item(items[i], segments[items[i].segment], layer, shape, qkv, ld, out);
+    team.barrier();
   }
 }
 

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "team.h"
+
 namespace dllm {
 
 enum Visibility : int64_t { kFull = 0, kCausal = 1, kBlocks = 2 };
@@ -31,10 +33,16 @@ struct AttentionShape {
   int64_t heads, kv_heads, head_dim;
 };
 
-// One layer's attention for a pass: each segment's keys and values (from qkv, rows of
-// [q | k | v] after rope, row stride ld) go into its cache at its positions, then
-// out[row, heads * head_dim] = softmax(q kᵀ / sqrt(d)) v per head, keys limited per row.
+// One layer's attention for a pass, computed by the whole team (called by every thread of it):
+// each segment's keys and values (from qkv, rows of [q | k | v] after rope, row stride ld) go
+// into its cache at its positions, then out[row, heads * head_dim] = softmax(q kᵀ / sqrt(d)) v
+// per head, keys limited per row. Ends with a barrier.
 void attention(const std::vector<Segment>& segments, int64_t layer, const AttentionShape& shape, const float* qkv,
-               int64_t ld, float* out);
+               int64_t ld, float* out, const Team& team);
+
+// Only the first part of that: each segment's keys and values into its cache (a draft head's
+// context, which is attended to but attends to nothing). Ends with a barrier.
+void write_keys_values(const std::vector<Segment>& segments, int64_t layer, const AttentionShape& shape,
+                       const float* qkv, int64_t ld, const Team& team);
 
 }  // namespace dllm

@@ -1,6 +1,8 @@
-// Python bindings: kernels.cpu builds this extension and wraps it (kernels/cpu/fused_model.py).
+// Python bindings: kernels.cpu builds this extension; dllm_engine/models/fused_cpu.py drives it.
 #include <torch/extension.h>
 
+#include "int8.h"
+#include "machine.h"
 #include "matmul.h"
 #include "model.h"
 
@@ -34,7 +36,15 @@ struct BoundModel {
                  int64_t vocab, int64_t max_positions, int64_t mask_token, double eps, int64_t layers) {
     model.config = {hidden, heads, kv_heads, head_dim, intermediate, vocab, max_positions, mask_token, float(eps)};
     model.layers.assign(layers, dllm::Layer{});
+    model.threads = at::get_num_threads();
   }
+
+  void set_activations(const std::string& mode) {
+    const std::string problem = model.set_activations(mode);
+    need(problem.empty(), problem);
+  }
+
+  std::string activations() const { return model.int8 == nullptr ? "fp32" : model.int8->name; }
 
   dllm::Projection& projection(const std::string& name, int64_t layer) {
     need(layer >= 0 && layer < int64_t(model.layers.size()), "layer index out of range");
@@ -53,6 +63,7 @@ struct BoundModel {
     if (name == "embed") model.embed = w;
     else if (name == "head") model.head = w;
     else if (name == "draft_head") model.draft_head = w;
+    else if (name == "context_fc") model.context_fc.weight = w;
     else if (name.rfind("lora_down.", 0) == 0) projection(name.substr(10), layer).lora.down = w;
     else if (name.rfind("lora_up_scaled.", 0) == 0) projection(name.substr(15), layer).lora.up_scaled = w;
     else projection(name, layer).weight = w;
@@ -74,6 +85,7 @@ struct BoundModel {
     if (name == "mask_embedding") { model.mask_embedding = p; return; }
     if (name == "rope_cos") { model.rope_cos = p; return; }
     if (name == "rope_sin") { model.rope_sin = p; return; }
+    if (name == "context_norm") { model.context_norm = p; return; }
     need(layer >= 0 && layer < int64_t(model.layers.size()), "layer index out of range");
     auto& l = model.layers[layer];
     if (name == "attn_norm") l.attn_norm = p;
@@ -84,19 +96,17 @@ struct BoundModel {
     else need(false, "unknown vector " + name);
   }
 
-  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& adapter_rows,
-                     const at::Tensor& segments, const std::vector<at::Tensor>& keys,
-                     const std::vector<at::Tensor>& values, const at::Tensor& out_rows) {
-    for (const auto* t : {&tokens, &adapter_rows, &segments, &out_rows})
-      need(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(), "index tensors must be contiguous int64");
+  // The rows of a pass laid out by its segment table ([S, 6]: row0, rows, pos0, attend_len,
+  // visibility, block_size), each segment over its own key and value cache.
+  void lay_out(dllm::Pass& pass, std::vector<int64_t>& positions, const at::Tensor& segments,
+               const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values) const {
+    need(segments.scalar_type() == at::kLong && segments.is_contiguous(), "index tensors must be contiguous int64");
     const int64_t count = segments.size(0);
     need(segments.dim() == 2 && segments.size(1) == 6, "segments must be [S, 6]");
     need(int64_t(keys.size()) == count && int64_t(values.size()) == count, "one key and one value cache per segment");
     const auto& c = model.config;
-    std::vector<int64_t> positions(tokens.numel());  // each row's position follows from its segment
-    dllm::Pass pass{tokens.data_ptr<int64_t>(), positions.data(), tokens.numel(),
-                    adapter_rows.data_ptr<int64_t>(), adapter_rows.numel(), {}, out_rows.data_ptr<int64_t>(),
-                    out_rows.numel()};
+    positions.assign(pass.rows, 0);  // each row's position follows from its segment
+    pass.positions = positions.data();
     const int64_t* s = segments.data_ptr<int64_t>();
     int64_t covered = 0;
     for (int64_t i = 0; i < count; ++i, s += 6) {
@@ -116,6 +126,21 @@ struct BoundModel {
       pass.segments.push_back(seg);
     }
     need(covered == pass.rows, "segments must cover every row");
+  }
+
+  // hidden [out_rows, hidden]; taps [tap_rows, tap_layers * hidden] (empty when no tap layers)
+  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& tokens, const at::Tensor& adapter_rows,
+                                             const at::Tensor& segments, const std::vector<at::Tensor>& keys,
+                                             const std::vector<at::Tensor>& values, const at::Tensor& out_rows,
+                                             const at::Tensor& tap_layers, const at::Tensor& tap_rows) {
+    for (const auto* t : {&tokens, &adapter_rows, &out_rows, &tap_layers, &tap_rows})
+      need(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(), "index tensors must be contiguous int64");
+    const auto& c = model.config;
+    std::vector<int64_t> positions;
+    dllm::Pass pass{tokens.data_ptr<int64_t>(), nullptr, tokens.numel(),
+                    adapter_rows.data_ptr<int64_t>(), adapter_rows.numel(), {}, out_rows.data_ptr<int64_t>(),
+                    out_rows.numel()};
+    lay_out(pass, positions, segments, keys, values);
     const int64_t* tok = pass.tokens;
     for (int64_t r = 0; r < pass.rows; ++r)
       need((tok[r] >= 0 && tok[r] < model.embed.rows) || (tok[r] == c.mask_token && model.mask_embedding), "token id out of range");
@@ -123,9 +148,31 @@ struct BoundModel {
       need(pass.adapter_rows[a] >= 0 && pass.adapter_rows[a] < pass.rows, "adapter row out of range");
     for (int64_t o = 0; o < pass.out_count; ++o)
       need(pass.out_rows[o] >= 0 && pass.out_rows[o] < pass.rows, "output row out of range");
+    pass.tap_layers = tap_layers.data_ptr<int64_t>();
+    pass.tap_layer_count = tap_layers.numel();
+    pass.tap_rows = tap_rows.data_ptr<int64_t>();
+    pass.tap_row_count = pass.tap_layer_count ? tap_rows.numel() : 0;
+    for (int64_t j = 0; j < pass.tap_layer_count; ++j)
+      need(pass.tap_layers[j] >= 0 && pass.tap_layers[j] < int64_t(model.layers.size()), "tap layer out of range");
+    for (int64_t t = 0; t < pass.tap_row_count; ++t)
+      need(pass.tap_rows[t] >= 0 && pass.tap_rows[t] < pass.rows, "tap row out of range");
     at::Tensor hidden = at::empty({pass.out_count, c.hidden}, at::kFloat);
+    at::Tensor taps = at::empty({pass.tap_row_count, pass.tap_layer_count * c.hidden}, at::kFloat);
+    pass.taps = taps.data_ptr<float>();
     model.forward(pass, hidden.data_ptr<float>());
-    return hidden;
+    return {hidden, taps};
+  }
+
+  // a draft head's context: features [rows, context width] into the segments' caches
+  void context(const at::Tensor& features, const at::Tensor& segments, const std::vector<at::Tensor>& keys,
+               const std::vector<at::Tensor>& values) {
+    need(model.context_fc.weight.data != nullptr, "this model takes no context (it is not a draft head)");
+    need_float(features, "features");
+    need(features.dim() == 2 && features.size(1) == model.context_fc.weight.cols, "features must be [rows, context width]");
+    std::vector<int64_t> positions;
+    dllm::Pass pass{nullptr, nullptr, features.size(0), nullptr, 0, {}, nullptr, 0};
+    lay_out(pass, positions, segments, keys, values);
+    if (pass.rows) model.context(pass, features.data_ptr<float>());
   }
 
   std::tuple<at::Tensor, at::Tensor> greedy(const at::Tensor& hidden, bool draft) {
@@ -156,6 +203,47 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_
   return y;
 }
 
+// y = x wᵀ through one integer kernel variant (tests and benches): [M, rows]
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t cols,
+                       const std::string& variant_name, int64_t repeats) {
+  need_float(x, "x");
+  need(x.dim() == 2 && x.size(1) == cols, "x must be [M, cols]");
+  need(type == dllm::kQ4_1 || type == dllm::kQ8_0, "integer kernels read Q4_1 or Q8_0 weights");
+  const dllm::Int8Variant* variant = dllm::int8_variant(variant_name);
+  need(variant != nullptr, "no integer kernel '" + variant_name + "' runs on this CPU");
+  Weight weight = as_weight(w, type, rows, cols, "w");
+  dllm::PackedInt8 packed;
+  variant->pack(weight, packed);
+  dllm::QuantizedStorage storage;
+  storage.reserve(x.size(0), cols);
+  const dllm::QuantizedRows quantized = storage.view(x.size(0), cols);
+  dllm::quantize_rows(x.data_ptr<float>(), cols, 0, x.size(0), quantized);
+  at::Tensor y = at::empty({x.size(0), rows}, at::kFloat);
+  const int threads = at::get_num_threads();
+  for (int64_t i = 0; i < std::max<int64_t>(1, repeats); ++i) {
+#pragma omp parallel num_threads(threads)
+    {
+      const dllm::Team team{omp_get_thread_num(), omp_get_num_threads()};  // no barrier: columns are independent
+      const auto [n0, n1] = team.share(rows, 16);
+      if (n0 < n1) variant->gemm(quantized, packed, n0, n1, y.data_ptr<float>() + n0, rows, false);
+    }
+  }
+  return y;
+}
+
+// x as the integer kernels see it: each 32-block of a row quantized to int8 and scaled back
+at::Tensor quantize_activations(const at::Tensor& x) {
+  need_float(x, "x");
+  need(x.dim() == 2 && x.size(1) % 32 == 0, "x must be [M, K] with K a multiple of 32");
+  dllm::QuantizedStorage storage;
+  storage.reserve(x.size(0), x.size(1));
+  const dllm::QuantizedRows quantized = storage.view(x.size(0), x.size(1));
+  dllm::quantize_rows(x.data_ptr<float>(), x.size(1), 0, x.size(0), quantized);
+  at::Tensor out = at::empty_like(x);
+  dllm::dequantize_rows(quantized, out.data_ptr<float>());
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -168,6 +256,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.def("set_direct_rows", [](int64_t n) { dllm::direct_rows_limit = n; });
+  m.def("linear_int8", &linear_int8, "y = x wᵀ by an integer kernel variant (8-bit activations)",
+        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("type"), pybind11::arg("rows"), pybind11::arg("cols"),
+        pybind11::arg("variant") = "auto", pybind11::arg("repeats") = 1,
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("quantize_activations", &quantize_activations, "x through the 8-bit activation quantizer (q * d)");
+  m.def("int8_variants", &dllm::int8_variants_supported, "the integer kernels this CPU runs, fastest first");
+  m.def("read_bandwidth", &dllm::read_bandwidth, "GB/s the pass's threads read a buffer of this many MiB",
+        pybind11::arg("mib") = 256, pybind11::arg("repeats") = 5, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<BoundModel>(m, "Model")
       .def(pybind11::init<>())
       .def("configure", &BoundModel::configure)
@@ -175,7 +271,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_vector", &BoundModel::set_vector)
       .def("set_draft_ids", &BoundModel::set_draft_ids)
       .def("check", [](const BoundModel& b) { return b.model.check(); })
+      .def("set_activations", &BoundModel::set_activations)
+      .def("activations", &BoundModel::activations)
+      .def("team", [](const BoundModel& b) {
+        return pybind11::make_tuple(b.model.team_size(), b.model.threads, b.model.last_wait_fraction());
+      }, "(threads of the next pass, threads on idle cores, share of the last team pass spent waiting)")
       .def("forward", &BoundModel::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("context", &BoundModel::context, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("greedy", &BoundModel::greedy, pybind11::arg("hidden"), pybind11::arg("draft") = false,
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("logits", &BoundModel::logits, pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -9,11 +9,11 @@
 namespace dllm {
 
 enum Phase : int {
-  kEmbed, kNorm, kQkv, kRope, kAttention, kOut, kGateUp, kSwiglu, kDown, kLora, kFinalNorm, kHead,
+  kEmbed, kNorm, kQuantize, kQkv, kRope, kAttention, kOut, kGateUp, kSwiglu, kDown, kFinalNorm, kHead,
   kPhaseCount
 };
 constexpr const char* kPhaseNames[kPhaseCount] = {
-    "embed", "norm", "qkv", "rope", "attention", "o_proj", "gate_up", "swiglu", "down", "lora",
+    "embed", "norm", "quantize", "qkv", "rope", "attention", "o_proj", "gate_up", "swiglu", "down",
     "final_norm", "head"};
 
 struct Profile {

@@ -1,0 +1,90 @@
+"""Exact decoding with a draft head (dllm_engine/models/draft_head.py): the target verifies a
+block the head drafted, the head drafts the next one from the target's features.
+
+One step of a request:
+1. the target's causal pass over [the last exact token, d_0 .. d_k-1] (the head's drafts for
+   the next k positions): the last exact token's row gives the target's own next token t_0
+   (always committed); draft d_j is right when it equals t_j, and then its row gives t_j+1
+   exactly. The step commits t_0 .. t_a, where d_0 .. d_a-1 were right: what greedy AR
+   decoding would have produced, in one pass. The rows of the right drafts have written
+   exact keys and values (they stay in the cache); t_a is written by the next pass.
+2. the head takes the tapped features of the pass's verified rows as context and drafts
+   [t_a, mask, ...]: the next step's d_0 .. d_k-1 (the engine runs it right after the pass).
+
+The first step is the prompt's prefill, with no drafts. The reply equals greedy AR decoding
+token for token; the head only decides how many tokens a pass commits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dllm_engine.decoding.block_decoder import BlockCausalDecoder
+from dllm_engine.decoding.plan import StepPlan, Target
+from dllm_engine.models.transformer import Segment
+
+
+class DraftHeadDecoder(BlockCausalDecoder):
+    """block_size: the positions a step can commit (the target's token and block_size - 1 drafts)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.update(adapter=False, bidirectional_clean_blocks=False, exact=True)
+        kwargs.setdefault("verify_drafts", kwargs["block_size"] - 1)
+        super().__init__(*args, **kwargs)
+        self.context: tuple[Tensor, int] | None = None  # verified rows' features for the head, first position
+        self._pass_start = 0
+        self._pass_features: Tensor | None = None
+
+    def plan(self) -> StepPlan:
+        drafts = self._drafts()
+        tokens = self.unwritten + drafts
+        last = len(self.unwritten) - 1
+        plan = StepPlan([Segment(torch.tensor(tokens), self.written, self.cache, self.written + len(tokens), "causal")],
+                        [Target(0, last, 0, forced=True)])
+        plan.targets.extend(Target(0, last + 1 + j, j + 1, given=draft) for j, draft in enumerate(drafts))
+        plan.tap_rows = list(range(len(tokens)))
+        return plan
+
+    def take_predictions(self, plan: StepPlan, tokens: list[int]) -> tuple[list[int], int]:
+        self._pass_start, self._pass_features = self.written, plan.taps
+        return super().take_predictions(plan, tokens)
+
+    def _slide(self) -> None:
+        """The committed prefix t_0 .. t_a into the reply; the right drafts' rows stay written, t_a
+        is the next pass's first row, and the pass's verified rows become the head's context."""
+        settled = 0
+        while settled < len(self.block) and self.block[settled] != self.mask_id:
+            if self.block[settled] in self.eos_ids:
+                self.reply.extend(self.block[:settled])
+                self.block, self.guesses = [], []
+                self.finish_reason = "stop"
+                return
+            settled += 1
+        if not settled:
+            return
+        kept_drafts = settled - 1
+        self.written += kept_drafts
+        if self._pass_features is not None:
+            self.context = (self._pass_features[:self.written - self._pass_start], self._pass_start)
+        self.reply.extend(self.block[:settled])
+        self.unwritten = [self.block[settled - 1]]
+        room = min(self.block_size, self.max_new_tokens - len(self.reply))
+        self.block, self.guesses = [self.mask_id] * max(0, room), [self.mask_id] * max(0, room)
+        if not self.block:
+            self.finish_reason = "length"
+
+    # ---- the head's step -----------------------------------------------------------------------
+    def draft_request(self) -> tuple[Tensor, int, int, int] | None:
+        """(context features, their first position, the exact token a block starts with, its
+        position), or None when there is nothing to draft (finished, or no room for a draft)."""
+        if self.finished or self.context is None or len(self.block) < 2:
+            return None
+        features, start = self.context
+        return features, start, self.unwritten[-1], self.written
+
+    def take_drafts(self, drafted: list[int]) -> None:
+        """The head's guesses for the next positions (the next pass checks them)."""
+        self.context = None
+        for position, token in enumerate(drafted[:len(self.block)]):
+            self.guesses[position] = token

@@ -1,0 +1,183 @@
+"""The draft head (DFlash-style) on a tiny GGUF model: its file round-trips, the fused pass
+drafts what the torch twin drafts, and whatever the head drafts, the reply is the target's
+greedy AR reply token for token, in fewer passes the more of the drafts are right."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dllm_engine.engine import Engine
+from dllm_engine.loading import load_model
+from dllm_engine.loading.registry import attach_draft_head
+from dllm_engine.models.draft_head import DraftHead, DraftHeadSpec, draft_loss, even_taps
+from dllm_engine.models.transformer import KVCache
+from dllm_engine.request import EngineError, GenerationParams
+from dllm_engine.training.draft_export import export_draft_head
+from kernels import cpu
+from tiny_checkpoints import GGUF_VARIANTS, write_tiny_llama_gguf
+
+PROMPTS = ("Hello there!", "Tell me a story.", "What is the capital of France?")
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, tiny_tokenizer):
+    path = tmp_path_factory.mktemp("draft-head") / "tiny.gguf"
+    write_tiny_llama_gguf(path, tiny_tokenizer, GGUF_VARIANTS["smollm2"], seed=3)
+    return path
+
+
+def with_random_head(path, tmp_path, seed: int = 0):
+    """The tiny model with a random draft head, written to a file and attached as users do."""
+    loaded = load_model(str(path), dtype=torch.float32)
+    head = DraftHead(loaded.config, DraftHeadSpec(taps=(0, 1), layers=2, block_size=BLOCK))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in head.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.2 + (1.0 if param.dim() == 1 else 0.0))
+    file = tmp_path / f"head-{seed}.safetensors"
+    export_draft_head(head, list(range(0, loaded.config.vocab_size, 2)), file, {})
+    attach_draft_head(loaded, file)
+    return loaded
+
+
+def test_even_taps_spread_over_the_target():
+    assert even_taps(30, 5) == (1, 8, 14, 20, 27)
+    assert even_taps(30, 1) == (15,)
+
+
+def test_a_head_file_round_trips_as_q8_0_blocks(tiny_gguf, tmp_path):
+    loaded = load_model(str(tiny_gguf), dtype=torch.float32)
+    head = DraftHead(loaded.config, DraftHeadSpec(taps=(0, 1), layers=2, block_size=BLOCK))
+    torch.nn.init.normal_(head.fc.weight)
+    export_draft_head(head, [5, 6, 7], tmp_path / "head.safetensors", {"note": "test"})
+    attach_draft_head(loaded, tmp_path / "head.safetensors")
+    assert set(loaded.draft_head_blocks) >= {"fc.weight", "layers.0.qkv.weight", "layers.1.mlp.down.weight"}
+    assert loaded.config.is_diffusion and loaded.config.block_size == BLOCK and loaded.draft_vocab == [5, 6, 7]
+    error = (loaded.draft_head.fc.weight - head.fc.weight).abs().max() / head.fc.weight.abs().max()
+    assert 0 < float(error.detach()) < 1 / 127  # Q8_0: one rounding step of 127 per block's largest value
+
+
+def test_a_head_file_that_does_not_fit_its_spec_is_refused(tiny_gguf, tmp_path):
+    loaded = load_model(str(tiny_gguf), dtype=torch.float32)
+    export_draft_head(DraftHead(loaded.config, DraftHeadSpec(taps=(0,), layers=1, block_size=BLOCK)), [1],
+                      tmp_path / "head.safetensors", {})
+    meta = tmp_path / "head.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "taps": [0, 1]}))
+    with pytest.raises(ValueError, match="fc.weight of shape .* does not fit the head"):
+        attach_draft_head(loaded, tmp_path / "head.safetensors")
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused"])
+def test_whatever_a_random_head_drafts_the_reply_is_the_ar_reply(tiny_gguf, tmp_path, backend):
+    if backend == "fused" and cpu.available() is not None:
+        pytest.skip(f"CPU kernels unavailable: {cpu.available()}")
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    engine = Engine(loaded, backend=backend)
+    try:
+        for prompt in PROMPTS:
+            ar = engine.generate(prompt, GenerationParams(mode="autoregressive", max_new_tokens=20, stop_at_eos=False))
+            drafted = engine.generate(prompt, GenerationParams(mode="diffusion", max_new_tokens=20, stop_at_eos=False))
+            assert drafted.token_ids == ar.token_ids
+    finally:
+        engine.close()
+
+
+def _oracle(engine, replies: dict[str, list[int]], right: int):
+    """A drafter that knows the AR reply and drafts its next `right` tokens correctly, then
+    wrong ones: the decoder's commits, cache keeping and draft bookkeeping under test."""
+    decoders = {}
+
+    def draft(requests):
+        out = []
+        for _, _, cache, first, position in requests:
+            request = next(r for r in engine.scheduler.live if r.decoder.cache is cache)
+            decoder = request.decoder
+            reply = replies[tuple(decoder.prompt_ids)]
+            done = len(decoder.reply)  # reply tokens committed, the last of them is `first`
+            assert reply[done - 1] == first and position == len(decoder.prompt_ids) + done - 1
+            truth = reply[done:done + BLOCK - 1]
+            guesses = [t if i < right else (t + 1) % engine.config.vocab_size for i, t in enumerate(truth)]
+            out.append(guesses + [0] * (BLOCK - 1 - len(guesses)))
+            decoders[id(decoder)] = decoder
+        return out
+
+    return draft
+
+
+@pytest.mark.parametrize("right", [0, 1, 2, BLOCK - 1])
+def test_right_drafts_commit_several_tokens_a_pass_and_keep_the_reply_exact(tiny_gguf, tmp_path, right):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0)
+    try:
+        prompt_ids = {p: engine.prompt_ids(p, raw=False) for p in PROMPTS}
+        ar_params = GenerationParams(mode="autoregressive", max_new_tokens=24, stop_at_eos=False)
+        replies = {tuple(prompt_ids[p]): engine.generate(p, ar_params).token_ids for p in PROMPTS}
+        engine._runner.draft = _oracle(engine, replies, right)
+        for prompt in PROMPTS:
+            result = engine.generate(prompt, GenerationParams(mode="diffusion", max_new_tokens=24, stop_at_eos=False))
+            assert result.token_ids == replies[tuple(prompt_ids[prompt])]
+            # a pass commits the target's token and every right draft: 1 prefill + the rest
+            assert result.stats.forward_passes == 1 + -(-(24 - 1) // (right + 1))
+    finally:
+        engine.close()
+
+
+def test_the_fused_head_drafts_what_the_torch_head_drafts(tiny_gguf, tmp_path):
+    if cpu.available() is not None:
+        pytest.skip(f"CPU kernels unavailable: {cpu.available()}")
+    from dllm_engine.models.fused_cpu import FusedDraftHead
+    from dllm_engine.runner import TorchDraftHead
+
+    loaded = with_random_head(tiny_gguf, tmp_path, seed=5)
+    features = torch.randn(9, 2 * loaded.config.hidden_size)
+    drafted = {}
+    for name, drafter in (("fused", FusedDraftHead(loaded.draft_head, loaded.model, loaded.packed,
+                                                     loaded.draft_head_blocks, loaded.draft_vocab, "fp32")),
+                          ("torch", TorchDraftHead(loaded.draft_head, loaded.model, loaded.draft_vocab))):
+        caches = [KVCache(loaded.config, 32, torch.float32, extra_layers=2) for _ in range(2)]
+        with torch.inference_mode():
+            drafter.write_context([(features[:5], 0, caches[0]), (features, 0, caches[1])])
+            drafted[name] = drafter.draft([(7, 5, caches[0]), (11, 9, caches[1])])
+    assert drafted["fused"] == drafted["torch"]
+
+
+def test_a_draft_block_larger_than_the_head_was_trained_for_is_refused(tiny_gguf, tmp_path):
+    engine = Engine(with_random_head(tiny_gguf, tmp_path), backend="torch")
+    try:
+        with pytest.raises(EngineError, match="block_size must be in 2..4"):
+            engine.submit("Hi", GenerationParams(mode="diffusion", block_size=8))
+    finally:
+        engine.close()
+
+
+def test_the_loss_weights_early_offsets_and_ignores_rows_without_a_label():
+    logits = torch.zeros(1, 3, 5)
+    logits[0, 0, 2] = 10.0  # offset 1 right, offset 2 and 3 wrong
+    labels = torch.tensor([[2, 4, -1]])
+    loss, stats = draft_loss(logits, logits.clone(), labels, offset_decay=4.0, kl_weight=0.0)
+    assert stats["first_right"] == 1.0 and stats["accepted"] == 1.0
+    assert 0 < float(loss) < float(torch.log(torch.tensor(5.0)))  # offset 2's CE, down-weighted
+
+
+def test_choose_block_times_each_block_and_decodes_with_the_best(tiny_gguf, tmp_path):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    loaded.draft_head_meta["held_out"] = {"by_offset": [0.9, 0.8, 0.01]}  # the third draft rarely pays
+    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch")
+    try:
+        choice = engine.choose_block(context=16, repeats=2)
+        assert [row["block"] for row in choice["blocks"]] == [2, 3, 4]
+        best = max(choice["blocks"], key=lambda row: row["tokens_per_s"])
+        assert choice["chosen"] == best["block"] == engine.config.block_size
+        ar = engine.generate("Hello there!", GenerationParams(mode="autoregressive", max_new_tokens=12))
+        assert engine.generate("Hello there!", GenerationParams(mode="diffusion", max_new_tokens=12)).token_ids == ar.token_ids
+    finally:
+        engine.close()
+    plain = Engine(load_model(str(tiny_gguf)), backend="torch")
+    try:
+        assert plain.choose_block() is None  # no draft head: nothing to choose
+    finally:
+        plain.close()
