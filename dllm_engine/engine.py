@@ -29,15 +29,15 @@ from typing import Callable
 
 import torch
 
-from dllm_engine.decoding import (BlockCausalDecoder, DeadlineController, DraftHeadDecoder, FullAttentionDecoder,
-                                  StepPlan, Target, make_policy)
+from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, StepPlan, Target, make_policy
+from dllm_engine.decoding.factory import make_decoder
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
 from dllm_engine.memory import release_free_memory
 from dllm_engine.models.families import FAMILIES
 from dllm_engine.models.transformer import KVCache, Segment
 from dllm_engine.request import (DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle,
                                  RequestStats)
-from dllm_engine.runner import ModelRunner, resolve_activations, resolve_backend
+from dllm_engine.runner import ModelRunner, resolve_activations, resolve_pass
 from dllm_engine.scheduler import BACKGROUND_EVERY, LiveRequest, Scheduler
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 __all__ = ["BACKGROUND_EVERY", "DTYPES", "Engine", "resolve_device", "resolve_dtype"]
 
 TRIM_EVERY_S = 5.0  # an idle engine hands freed memory back at most this often
-_NO_MASK = -1  # placeholder for models without a mask token: only ever used in AR mode, never fed
 
 
 class Engine:
@@ -61,7 +60,7 @@ class Engine:
         self.max_cached_tokens = max_cached_tokens
         self.clock = clock
         self.device = self.model.embed_tokens.device
-        self.backend = resolve_backend(backend, self.device)
+        self.backend = resolve_pass(backend, self.device)
         self.activations = resolve_activations(activations, self.backend)
         self.kernel = kernel  # the integer kernel variant asked for; the runner says which runs
         # the fused CPU pass computes in fp32 and reads fp32 caches
@@ -90,7 +89,7 @@ class Engine:
     def load(cls, name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | str = "auto", download: bool = False,
              device: torch.device | str = "auto", backend: str = "auto", **kwargs) -> "Engine":
         device = resolve_device(device)
-        backend = resolve_backend(backend, device)
+        backend = resolve_pass(backend, device)
         # the fused pass reads fp32 norms and adapters (its matmuls read the checkpoint's blocks)
         dtype = torch.float32 if backend == "fused" else resolve_dtype(dtype, device)
 
@@ -297,36 +296,9 @@ class Engine:
     # ---- request setup ---------------------------------------------------------------------
     def _make_request(self, ids: list[int], params: GenerationParams) -> LiveRequest:
         config = self.config
-        diffusion = params.mode == "diffusion"
-        if diffusion and not config.is_diffusion:
-            raise EngineError(f"model {self.model_name} is autoregressive ({config.family}); use mode='autoregressive'")
-        head = self.loaded.draft_head if diffusion else None
-        block = (params.block_size or config.block_size) if diffusion else 1
-        if head is not None and not 2 <= block <= head.spec.block_size:
-            raise EngineError(f"block_size must be in 2..{head.spec.block_size} for {self.model_name}'s draft head, "
-                              f"got {block}")
-        total = len(ids) + params.max_new_tokens + block + 1
-        if total > config.max_position_embeddings:
-            raise EngineError(f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
-                              f"model's context of {config.max_position_embeddings} tokens")
-        cache = KVCache(config, total, self.cache_dtype, self.device, allocate=False,  # on the scheduler
-                        extra_layers=head.cache_layers if head is not None else 0)
+        decoder = make_decoder(self.loaded, ids, params, self.cache_dtype, self.device)
+        block = decoder.block_size
         family = FAMILIES.get(config.family)
-        common = dict(prompt_ids=ids, cache=cache, block_size=block, max_new_tokens=params.max_new_tokens,
-                      mask_id=config.mask_token_id if config.mask_token_id is not None else _NO_MASK,
-                      eos_ids=set(config.eos_token_ids), shift=config.logits_shift, stop_at_eos=params.stop_at_eos)
-        if head is not None:
-            decoder = DraftHeadDecoder(**common)
-        elif config.attention == "bidirectional" and diffusion:
-            decoder = FullAttentionDecoder(**common)
-        else:
-            exact = params.exact
-            if exact is None:  # the default: exact, unless the caller asked for the lossy dial
-                exact = params.threshold is None and params.deadline_s is None and params.policy == "threshold"
-            decoder = BlockCausalDecoder(
-                **common, adapter=diffusion and self.model.has_adapter,
-                bidirectional_clean_blocks=bool(family and family.bidirectional_clean_blocks) and diffusion,
-                verify_drafts=params.verify_drafts if diffusion else 0, exact=exact and diffusion)
         threshold = params.threshold if params.threshold is not None else config.default_threshold
         fallback = params.fallback or (family.commit_fallback if family else "most_confident")
         now = self.clock()
@@ -401,7 +373,7 @@ class Engine:
         try:
             tokens, confidence, probs = self._runner.run(
                 plans, [r.sampling for r in batch],
-                [getattr(r.decoder, "exact", False) and r.params.temperature == 0 for r in batch],
+                [r.decoder.drafts_only and r.params.temperature == 0 for r in batch],
                 [r.params.score_tokens if r.token_probs is None else () for r in batch])
         except Exception as exc:  # a failed pass ends the requests in it, never the scheduler
             log.exception("forward pass failed")

@@ -14,18 +14,21 @@ Two passes compute the same thing:
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from dllm_engine.decoding import StepPlan, pick_tokens
 from dllm_engine.models.heads import split_head
-from dllm_engine.models.transformer import Segment, Transformer
+from dllm_engine.models.transformer import KVCache, Segment, Transformer
 from kernels import confidence_head
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "fused", "torch")
+# which forward pass runs the model (an engine's `backend`); kernels/dispatch.py's backends are
+# another choice, of an op's implementation (torch reference or Triton) inside the torch pass
+PASSES = ("auto", "fused", "torch")
 
 
 class TorchPass:
@@ -62,12 +65,34 @@ class TorchPass:
         return self.model.logits(hidden)
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
+class ForwardPass(Protocol):
+    """What the runner asks of a pass (TorchPass, dllm_engine.models.fused_cpu.FusedCpuModel,
+    and a GPU pass would too): the packed forward, with a draft head's taps, and the heads."""
+
+    def forward(self, segments: list[Segment], rows: list[int]) -> Tensor: ...
+
+    def forward_with_taps(self, segments: list[Segment], rows: list[int], tap_layers: list[int],
+                          tap_rows: list[int]) -> tuple[Tensor, Tensor]: ...
+
+    def greedy(self, hidden: Tensor, draft_rows: list[int] | None = None) -> tuple[Tensor, Tensor]: ...
+
+    def logits(self, hidden: Tensor) -> Tensor: ...
+
+
+class DraftStep(Protocol):
+    """A draft head's step (TorchDraftHead, dllm_engine.models.fused_cpu.FusedDraftHead)."""
+
+    def write_context(self, runs: list[tuple[Tensor, int, KVCache]]) -> None: ...
+
+    def draft(self, blocks: list[tuple[int, int, KVCache]]) -> list[list[int]]: ...
+
+
+def resolve_pass(backend: str, device: torch.device) -> str:
     """'auto' is the fused CPU pass on a CPU that can run it, else torch."""
     from kernels import cpu
 
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend not in PASSES:
+        raise ValueError(f"backend must be one of {', '.join(PASSES)}, got {backend!r}")
     if backend == "torch" or (backend == "auto" and device.type != "cpu"):
         return "torch"
     if device.type != "cpu":
@@ -130,7 +155,8 @@ class ModelRunner:
         self.backend = backend
         self.activations = resolve_activations(activations, backend)
         self.tap_layers = list(draft_head.spec.taps) if draft_head is not None else []
-        self.drafter = None
+        self.drafter: DraftStep | None = None
+        self.pass_: ForwardPass
         if backend == "fused":
             self.pass_ = FusedCpuModel(model, packed, draft_vocab, self.activations, kernel)
             self.kernel = self.pass_.kernel

@@ -8,5 +8,5 @@ Rooms (dependencies point down the list; none point up):
     speech/    Whisper, Piper, Silero, their worker threads, the loaded models, packaged weights
     audio/     PCM16 conversion, resampling, the input buffer
 core/ knows the models only through the Protocols in core/models.py and speaks the events of
-realtime/protocol.py; docs/architecture.md has the map.
+events/protocol.py; docs/architecture.md has the map.
 """

@@ -33,6 +33,7 @@ class BlockDecoderBase:
     # whether cache slot i holds keys and values of tokens 0..i alone, so an ended request's
     # head can seed another's cache (dllm_engine.prefix_cache); BlockCausalDecoder may say yes
     reusable_cache = False
+    exact = False  # only checked tokens commit (BlockCausalDecoder may say yes)
 
     def __init__(self, prompt_ids: list[int], cache: KVCache, block_size: int, max_new_tokens: int,
                  mask_id: int, eos_ids: set[int], shift: bool, stop_at_eos: bool):
@@ -50,6 +51,12 @@ class BlockDecoderBase:
         self.steps_in_block = 0
 
     # ---- views ------------------------------------------------------------------------
+    @property
+    def drafts_only(self) -> bool:
+        """Whether this request's free rows only ever draft (exact decoding: what commits is
+        checked), so their head may take the draft vocabulary."""
+        return self.exact
+
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -124,13 +124,25 @@ async def test_async_iteration_streams_updates(engine):
 
 
 async def test_many_async_readers_do_not_block_each_other(engine):
+    """Readers on one loop, requests stepped together: every reader hears its first update
+    before any hears its last (readers served one after another would not), and the requests
+    share their passes."""
     params = GenerationParams(mode="autoregressive", max_new_tokens=5, stop_at_eos=False)
+    arrivals: list[tuple[int, bool]] = []  # (reader, final) in the order the loop saw them
+    handles = [engine.submit(p, params) for p in PROMPTS]
+    passes_before = engine.forward_passes
 
-    async def read(prompt):
-        return [u async for u in engine.submit(prompt, params)][-1].token_ids
+    async def read(index, handle):
+        async for update in handle:
+            arrivals.append((index, update.final))
+        return update.token_ids
 
-    results = await asyncio.wait_for(asyncio.gather(*(read(p) for p in PROMPTS)), timeout=120)
+    results = await asyncio.wait_for(asyncio.gather(*(read(i, h) for i, h in enumerate(handles))), timeout=120)
     assert all(len(r) == 5 for r in results)
+    firsts = [next(n for n, (i, _) in enumerate(arrivals) if i == reader) for reader in range(len(PROMPTS))]
+    lasts = [next(n for n, (i, final) in enumerate(arrivals) if i == reader and final) for reader in range(len(PROMPTS))]
+    assert max(firsts) < min(lasts)
+    assert engine.forward_passes - passes_before <= 5 + len(PROMPTS)  # batched, not 5 passes each
 
 
 def test_mixed_policies_in_one_batch_commit_as_they_would_alone(engine):

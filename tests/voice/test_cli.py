@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import types
-
 from voice_app import cli
 
 
@@ -18,16 +16,13 @@ def test_serve_flags_override_settings(monkeypatch):
     assert (settings.engine_model, settings.engine_mode) == ("smollm2-135m", "autoregressive")
 
 
-def test_mode_modules_register_their_subcommands(monkeypatch):
-    def register(subparsers):
-        subparsers.add_parser("desktop").set_defaults(run=lambda args: 7)
-
-    fake_module = types.SimpleNamespace(register=register)
-    real_import = cli.importlib.import_module
-    monkeypatch.setattr(cli.importlib, "import_module",
-                        lambda name: fake_module if name == "voice_app.desktop.command" else real_import(name))
-    args = cli.build_parser().parse_args(["desktop"])
-    assert args.run(args) == 7
+def test_mode_modules_register_their_subcommands():
+    """desktop and loadtest live in their own rooms and plug their subcommands in."""
+    parser = cli.build_parser()
+    desktop = parser.parse_args(["desktop", "--list-devices"])
+    assert desktop.run.__module__ == "voice_app.desktop.command" and desktop.list_devices is True
+    loadtest = parser.parse_args(["loadtest", "--url", "ws://127.0.0.1:1/v1/realtime"])
+    assert loadtest.run.__module__ == "voice_app.loadtest.command"
 
 
 def test_replica_flags(monkeypatch):

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import numpy as np
 
 from voice_app.audio.pcm import WIRE_RATE, encode_base64_pcm16
-from voice_app.realtime.protocol import server_event
+from voice_app.events.protocol import server_event
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 # the session's send with a guard: the event goes out only if still_current() holds when it

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from voice_app.audio.pcm import AudioFormatError, decode_base64_pcm16
 from voice_app.core.conversation import ConversationItem, announce_evictions, new_id
 from voice_app.core.turns import TurnClock
-from voice_app.realtime import protocol as p
-from voice_app.realtime.session_config import applied_settings, session_config
+from voice_app.events import protocol as p
+from voice_app.events.session_config import applied_settings, session_config
 
 if TYPE_CHECKING:
     from voice_app.core.session import Session
@@ -136,8 +136,7 @@ class ClientEvents:
             await self._interrupt(self._active, reason="client_truncated", send_cleared=False)
         if self._playing is not None and self._playing.item is item:
             self._playing = None  # the client stopped playing it: no barge-in estimate overrides its word
-        item.text = item.text_heard_until(event.audio_end_ms)
-        item.status = "incomplete"
+        item.truncate_to_heard(event.audio_end_ms)
         await self._send(p.server_event("conversation.item.truncated", item_id=item.id,
                                         content_index=event.content_index, audio_end_ms=event.audio_end_ms))
 

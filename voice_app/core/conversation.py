@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
-from voice_app.realtime.protocol import server_event
+from voice_app.core.speech_text import whole_sentences
+from voice_app.events.protocol import server_event
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,11 @@ class ConversationItem:
     def audio_ms(self) -> float:
         return self.pieces[-1].start_ms + self.pieces[-1].duration_ms if self.pieces else 0.0
 
+    def truncate_to_heard(self, audio_end_ms: float) -> None:
+        """What a cut-off reply keeps: the text of its audio up to where playback stopped."""
+        self.text = self.text_heard_until(audio_end_ms)
+        self.status = "incomplete"
+
     def text_heard_until(self, audio_end_ms: float) -> str:
         """The text a listener heard if playback stopped at audio_end_ms; a sentence cut midway
         keeps the share of its words that was played."""
@@ -57,15 +62,6 @@ class ConversationItem:
                 heard.append(" ".join(words[: int(len(words) * played)]))
             break
         return " ".join(h for h in heard if h).strip()
-
-
-_SENTENCE_END = re.compile(r"[.!?…](?=\s|$)")
-
-
-def whole_sentences(text: str) -> str:
-    """The text up to its last sentence end ("" when it has none)."""
-    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
-    return text[: ends[-1]].strip() if ends else ""
 
 
 class TokenCounter(Protocol):

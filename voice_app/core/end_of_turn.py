@@ -38,13 +38,13 @@ DANGLING_WORDS = frozenset("a an the and or but because of to at in on into my y
 # (with the ways Whisper tiny spells "mm-hmm": "mm", "MM", "NMM", "Hmm", ...)
 BACKCHANNELS = {"mm", "mmm", "nmm", "hm", "hmm", "mhm", "mhmm", "mm-hmm", "mmhmm", "uh-huh", "uh", "um", "yeah",
                 "yes", "yep", "ok", "okay", "right", "sure", "i", "see", "got", "it", "oh", "ah", "wow", "nice", "cool",
-                "aha", "huh"}
+                "aha", "huh", "uhhuh", "mhmm"}
 
 
 def is_false_interruption(transcript: str) -> bool:
     """No words (a cough, a door), or a bare backchannel of at most three words."""
-    words = re.sub(r"[^a-z' -]+", " ", transcript.lower()).replace(" -", " ").split()
-    return len(words) <= 3 and all(word.strip("-") in BACKCHANNELS for word in words)
+    spoken = words(transcript.replace("-", ""))  # "mm-hmm" is one word here
+    return len(spoken) <= 3 and all(word in BACKCHANNELS for word in spoken)
 
 
 # A whole turn that only tells the assistant to stop: it cuts the reply and gets no reply of its

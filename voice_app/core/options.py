@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice_app.audio.pcm import WIRE_RATE
-from voice_app.realtime import protocol as p
-from voice_app.realtime.session_config import Refusal, SemanticVad, ServerVad, SessionConfig
+from voice_app.events import protocol as p
+from voice_app.events.session_config import Refusal, SemanticVad, ServerVad, SessionConfig
 from voice_app.settings import Settings
 
 MAX_OUTPUT_TOKENS = 4096  # the most the Realtime API lets a client ask for a reply

@@ -29,7 +29,7 @@ from voice_app.core.conversation import ConversationItem, SpokenPiece, new_id
 from voice_app.core.models import Synthesizer
 from voice_app.core.speech_text import SentenceSettler, clean_for_speech
 from voice_app.core.turns import TurnClock
-from voice_app.realtime.protocol import message_item, server_event
+from voice_app.events.protocol import message_item, server_event
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +395,7 @@ class Response:
         """Token counts of response.done (all text: the voice is synthesised from the text)."""
         stats = getattr(self.last_update, "stats", None)
         prompt, new = (stats.prompt_tokens, stats.new_tokens) if stats is not None else (0, 0)
+        cached = stats.cached_prompt_tokens if stats is not None else 0  # copied from an earlier request's cache
         return {"total_tokens": prompt + new, "input_tokens": prompt, "output_tokens": new,
-                "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": 0},
+                "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": cached},
                 "output_token_details": {"text_tokens": new, "audio_tokens": 0}}

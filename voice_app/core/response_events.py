@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from voice_app.core.response import Response
-from voice_app.realtime import protocol as p
+from voice_app.events import protocol as p
 
 
 def response_started(response: Response, previous_item_id: str | None) -> list[dict[str, Any]]:

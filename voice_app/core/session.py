@@ -36,7 +36,7 @@ from voice_app.core.response import Response
 from voice_app.core.response_events import response_ended, response_started
 from voice_app.core.speculation import Speculation
 from voice_app.core.turns import Listener, TurnClock, UserTurn
-from voice_app.realtime import protocol as p
+from voice_app.events import protocol as p
 from voice_app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -356,9 +356,10 @@ class Session(ClientEvents):
             await self._send_cleared(response)
         else:
             heard_ms = response.sink.heard_ms()
-        response.item.text = (response.item.text_heard_until(heard_ms) if response.audio_out
-                              else response.spoken_text)
-        response.item.status = "incomplete"
+        if response.audio_out:
+            response.item.truncate_to_heard(heard_ms)
+        else:
+            response.item.text, response.item.status = response.spoken_text, "incomplete"
         log.info("session %s: response %s cut off (%s) after %.0f ms heard: %r",
                  self.id, response.id, reason, heard_ms, response.item.text)
         await self._end_response(response, "cancelled", reason)
@@ -376,8 +377,7 @@ class Session(ClientEvents):
         self._playing = None
         heard_ms = response.sink.clear()
         await self._send_cleared(response)
-        response.item.text = response.item.text_heard_until(heard_ms)
-        response.item.status = "incomplete"
+        response.item.truncate_to_heard(heard_ms)
         log.info("session %s: playback of %s cut after %.0f ms: %r", self.id, response.id, heard_ms,
                  response.item.text)
         await self._send(p.server_event("conversation.item.truncated", item_id=response.item.id,

@@ -32,7 +32,9 @@ def words(text: str) -> list[str]:
     return _NOT_A_WORD.sub(" ", text.lower()).split()
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+(?=\S)")
+_TERMINATOR = "[.!?…]"
+_SENTENCE_END = re.compile(rf"(?<={_TERMINATOR})[\"')\]]*\s+(?=\S)")  # between two sentences
+_WHOLE_SENTENCES_END = re.compile(rf"{_TERMINATOR}(?=\s|$)")  # where a text's last whole sentence ends
 
 
 def clean_for_speech(text: str) -> str:
@@ -61,6 +63,12 @@ def _speakable(ch: str) -> str:
     if category.startswith("C") and ch not in "\n\t":
         return " "
     return ch
+
+
+def whole_sentences(text: str) -> str:
+    """The text up to its last sentence end ("" when it has none)."""
+    ends = [m.end() for m in _WHOLE_SENTENCES_END.finditer(text)]
+    return text[: ends[-1]].strip() if ends else ""
 
 
 def split_settled_sentences(text: str, final: bool) -> tuple[list[str], str]:

@@ -24,7 +24,7 @@ from voice_app.core.end_of_turn import EndOfTurnJudge, is_false_interruption
 from voice_app.core.models import VAD_WINDOW, Models
 from voice_app.core.options import TurnDetection
 from voice_app.core.turn_detector import TurnDetector, TurnEvent
-from voice_app.realtime import protocol as p
+from voice_app.events import protocol as p
 from voice_app.core.local_agreement import LocalAgreement
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from voice_app.loadtest.connection import RealtimeConnection, ReceivedEvent, Ses
 from voice_app.loadtest.report import normalized_words, score_transcript
 from voice_app.loadtest.script import Script, ScriptTurn
 from voice_app.realtime.event_feed import audio_after_clear
-from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER, with_x_events
+from voice_app.events.protocol import CLOSE_TRY_AGAIN_LATER, with_x_events
 
 REPLICA_HEADER = "x-voice-replica"  # voice_app/realtime/server.py names the replica in it
 

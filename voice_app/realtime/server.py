@@ -34,7 +34,7 @@ from voice_app.realtime.access import AccessMiddleware, AccessPolicy, choose_sub
 from voice_app.realtime.beta_dialect import client_event_to_ga, is_beta_client
 from voice_app.realtime.chat_api import ChatApi
 from voice_app.realtime.loop_lag import LoopLagMonitor
-from voice_app.realtime.protocol import CLOSE_TRY_AGAIN_LATER, X_EVENTS_PARAM, wants_x_events
+from voice_app.events.protocol import CLOSE_TRY_AGAIN_LATER, X_EVENTS_PARAM, wants_x_events
 from voice_app.realtime.websocket_transport import WebSocketTransport
 from voice_app.settings import Settings
 from voice_app.speech.loaded_models import LoadedModels

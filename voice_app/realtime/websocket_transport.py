@@ -23,7 +23,7 @@ from starlette.websockets import WebSocket
 
 from voice_app.core.session import Session
 from voice_app.realtime.beta_dialect import server_event_to_beta
-from voice_app.realtime.protocol import ProtocolError, error_event
+from voice_app.events.protocol import ProtocolError, error_event
 from voice_app.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import numpy as np
 from voice_app.core.audio_sink import WireAudioSink
 from voice_app.core.turns import UserTurn
 from voice_app.realtime.event_feed import audio_after_clear
-from voice_app.realtime.protocol import server_event
+from voice_app.events.protocol import server_event
 
 from ..clients import GatedLog
 from ..fakes import ScriptedEngine, ScriptedModels

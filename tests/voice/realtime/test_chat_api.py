@@ -143,7 +143,7 @@ def test_n_choices_and_seeded_sampling(client, model):
 def test_deadline_field_reaches_the_engine(client, model):
     reply = client.chat.completions.create(model=model, messages=FRANCE, max_tokens=20, extra_body={"x_deadline_s": 30})
     stats = reply.choices[0].x_dllm
-    assert stats["deadline_s"] == 30 and stats["deadline_met"] in (True, False)
+    assert stats["deadline_s"] == 30 and stats["deadline_met"] is True  # 20 tokens take well under 30 s
 
 
 LONG_TEXT = "The quick brown fox jumps over the lazy dog. " * 1200  # about 12k tokens: over any context

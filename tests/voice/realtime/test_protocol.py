@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from voice_app.realtime.protocol import (CLIENT_EVENT_TYPES, InputAudioBufferAppend, ProtocolError,
+from voice_app.events.protocol import (CLIENT_EVENT_TYPES, InputAudioBufferAppend, ProtocolError,
                                          SessionUpdate, parse_client_event, with_x_events)
-from voice_app.realtime.session_config import applied_settings, session_config
+from voice_app.events.session_config import applied_settings, session_config
 
 
 def _error(raw: str | bytes, max_bytes: int = 10000) -> ProtocolError:

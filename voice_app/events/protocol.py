@@ -11,7 +11,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from voice_app.realtime.session_config import no_forced_tool, no_tools
+from voice_app.events.session_config import no_forced_tool, no_tools
 
 CLOSE_TRY_AGAIN_LATER = 1013  # the websocket close code for "at capacity, retry later"
 MAX_ITEM_TEXT_CHARS = 100_000  # of one conversation item, all its content parts together
