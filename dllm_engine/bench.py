@@ -51,7 +51,8 @@ def _one(engine, prompt: str, params: GenerationParams) -> dict:
             first_sentence = time.monotonic() - started
     elapsed = time.monotonic() - started
     stats = final.stats
-    return {"tokens": stats.new_tokens, "forward_passes": stats.forward_passes, "elapsed_s": elapsed,
+    return {"tokens": stats.new_tokens, "committed": stats.committed_tokens, "forward_passes": stats.forward_passes,
+            "elapsed_s": elapsed,
             "first_sentence_s": first_sentence if first_sentence is not None else elapsed}
 
 
@@ -78,7 +79,7 @@ def measure(engine, mode: str, prompts: list[str], max_new_tokens: int, block_si
     return {
         "mode": mode, "tokens_per_s": tokens / total_time, "tokens": tokens,
         "median_tokens": statistics.median(r["tokens"] for r in runs),
-        "forward_passes": passes, "tokens_per_forward": tokens / max(1, passes),
+        "forward_passes": passes, "tokens_per_forward": sum(r["committed"] for r in runs) / max(1, passes),
         "ms_per_pass": 1000 * total_time / max(1, passes),
         "median_first_sentence_s": statistics.median(r["first_sentence_s"] for r in runs),
         "median_full_reply_s": statistics.median(r["elapsed_s"] for r in runs),

@@ -45,13 +45,16 @@ log = logging.getLogger(__name__)
 __all__ = ["BACKGROUND_EVERY", "DTYPES", "Engine", "resolve_device", "resolve_dtype"]
 
 TRIM_EVERY_S = 5.0  # an idle engine hands freed memory back at most this often
+# prompt tokens a request prefills in one pass: a longer prompt takes several passes, so the
+# replies batched with it wait for one chunk (~0.2 s on two CPU cores), not the whole prefill
+PREFILL_CHUNK = 256
 
 
 class Engine:
     def __init__(self, loaded: LoadedModel, max_live_requests: int = 32, max_cached_tokens: int = 131072,
                  clock: Callable[[], float] = time.monotonic, cache_dtype: torch.dtype | None = None,
                  prefix_cache_entries: int = 16, backend: str = "auto", activations: str = "auto",
-                 kernel: str = "auto"):
+                 kernel: str = "auto", prefill_chunk: int = PREFILL_CHUNK):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -63,6 +66,7 @@ class Engine:
         self.backend = resolve_pass(backend, self.device)
         self.activations = resolve_activations(activations, self.backend)
         self.kernel = kernel  # the integer kernel variant asked for; the runner says which runs
+        self.prefill_chunk = prefill_chunk
         # the fused CPU pass computes in fp32 and reads fp32 caches
         self.cache_dtype = torch.float32 if self.backend == "fused" else (cache_dtype or self.model.embed_tokens.dtype)
         # what mode="auto" runs: diffusion where the model has it, until choose_mode measures
@@ -263,7 +267,7 @@ class Engine:
                             [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
             started = time.perf_counter()
             self._runner.run([plan], [(0.0, None)])
-            self._runner.draft([(plan.taps, context, cache, 42, context)])
+            self._runner.draft([([(plan.taps, context)], cache, 42, context)])
             times.append(time.perf_counter() - started)
         return sorted(times[1:])[len(times[1:]) // 2]
 
@@ -297,6 +301,7 @@ class Engine:
     def _make_request(self, ids: list[int], params: GenerationParams) -> LiveRequest:
         config = self.config
         decoder = make_decoder(self.loaded, ids, params, self.cache_dtype, self.device)
+        decoder.prefill_chunk = self.prefill_chunk
         block = decoder.block_size
         family = FAMILIES.get(config.family)
         threshold = params.threshold if params.threshold is not None else config.default_threshold
@@ -395,14 +400,15 @@ class Engine:
         if not wanted:
             return
         try:
-            drafts = self._runner.draft([(features, start, r.decoder.cache, first, position)
-                                         for r, (features, start, first, position) in wanted])
+            drafts = self._runner.draft([(contexts, r.decoder.cache, first, position)
+                                         for r, (contexts, first, position) in wanted])
         except Exception as exc:  # like a failed pass: the requests in it end, the scheduler goes on
             log.exception("draft head pass failed")
             self.scheduler.fail([r for r, _ in wanted], exc)
             return
         for (request, _), drafted in zip(wanted, drafts):
-            request.decoder.take_drafts(drafted)
+            if drafted is not None:
+                request.decoder.take_drafts(drafted)
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

@@ -89,6 +89,7 @@ class RequestStats:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # of them, copied from an earlier request's cache (not prefilled)
     new_tokens: int = 0
+    committed_tokens: int = 0  # tokens the passes committed: new_tokens and an ending EOS
     forward_passes: int = 0  # passes this request took part in (prefill and cache writes included)
     denoise_steps: int = 0
     elapsed_s: float = 0.0
@@ -97,7 +98,8 @@ class RequestStats:
 
     @property
     def tokens_per_forward(self) -> float:
-        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+        """Tokens a pass committed, on average (the EOS that ends a reply counts: an AR reply is 1.0)."""
+        return self.committed_tokens / self.forward_passes if self.forward_passes else 0.0
 
 
 @dataclass

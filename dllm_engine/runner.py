@@ -204,13 +204,18 @@ class ModelRunner:
                 offset += count
         return tokens.tolist(), confidence, probs  # one host read for the batch (a device sync on a GPU)
 
-    def draft(self, requests: list[tuple[Tensor, int, object, int, int]]) -> list[list[int]]:
-        """The draft head's step for requests (context features, their first position, the
-        request's cache, the exact token a block starts with, its position): the context into
-        the caches, then every block in one pass; each request's drafts."""
+    def draft(self, requests: list[tuple[list[tuple[Tensor, int]], KVCache, int | None, int | None]]
+              ) -> list[list[int] | None]:
+        """The draft head's step for requests (their new contexts as (features, first position),
+        the request's cache, the exact token a block starts with and its position, or None):
+        every context into its cache, then every block in one pass; each request's drafts (None
+        where no block was asked for)."""
         with torch.inference_mode():
-            self.drafter.write_context([(features, start, cache) for features, start, cache, _, _ in requests])
-            return self.drafter.draft([(first, position, cache) for _, _, cache, first, position in requests])
+            self.drafter.write_context([(features, start, cache) for contexts, cache, _, _ in requests
+                                        for features, start in contexts])
+            blocks = [(first, position, cache) for _, cache, first, position in requests if first is not None]
+            drafted = iter(self.drafter.draft(blocks) if blocks else [])
+            return [next(drafted) if first is not None else None for _, _, first, _ in requests]
 
 
 def draft_rows(plans: list[StepPlan], drafts_only: list[bool]) -> list[int]:

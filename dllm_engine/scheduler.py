@@ -153,6 +153,7 @@ class Scheduler:
         committed = step.exact + decoder.commit_chosen(step.plan, step.tokens, step.free, chosen)
         stats.forward_passes += 1
         stats.denoise_steps += 1
+        stats.committed_tokens += committed
         request.committed_in_denoise += committed
         if stats.first_token_s is None and decoder.settled_ids():
             stats.first_token_s = self.clock() - request.submitted

@@ -82,14 +82,14 @@ def main() -> None:
               "block_size": args.block_size or engine.config.block_size, "max_new_tokens": args.max_new_tokens,
               "sanity_questions": len(sanity),
               "ar_sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(ar_sanity, SANITY_QUESTIONS)) / len(sanity),
-              "ar_tokens_per_forward": sum(f.stats.new_tokens for f in ar_held) / sum(f.stats.forward_passes for f in ar_held),
+              "ar_tokens_per_forward": sum(f.stats.committed_tokens for f in ar_held) / sum(f.stats.forward_passes for f in ar_held),
               "by_threshold": {}, "examples": []}
     for threshold in [None if t == "exact" else float(t) for t in args.thresholds.split(",")]:
         dif = run_all(engine, held_out + sanity, params("diffusion", threshold), args.concurrency)
         dif_held, dif_sanity = dif[:len(held_out)], dif[len(held_out):]
         tokens = sum(f.stats.new_tokens for f in dif_held)
         report["by_threshold"]["exact" if threshold is None else threshold] = {
-            "tokens_per_forward": tokens / max(1, sum(f.stats.forward_passes for f in dif_held)),
+            "tokens_per_forward": sum(f.stats.committed_tokens for f in dif_held) / max(1, sum(f.stats.forward_passes for f in dif_held)),
             "exact_match": sum(a.token_ids == d.token_ids for a, d in zip(ar_held, dif_held)) / len(held_out),
             "token_agreement": sum(agreement(a.token_ids, d.token_ids) for a, d in zip(ar_held, dif_held)) / len(held_out),
             "sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(dif_sanity, SANITY_QUESTIONS)) / len(sanity),

@@ -32,10 +32,14 @@ from dllm_engine.loading.registry import ADAPTER_DIR  # noqa: E402
 from dllm_engine.models.draft_head import DraftHead, DraftHeadSpec, even_taps  # noqa: E402
 from dllm_engine.training.draft_export import export_draft_head, plot_acceptance  # noqa: E402
 from dllm_engine.training.draft_features import FeatureStore, extract  # noqa: E402
-from dllm_engine.training.draft_trainer import Batches, DraftTrainConfig, train_draft_head  # noqa: E402
+from dllm_engine.training.draft_trainer import Batches, DraftTrainConfig, MixedBatches, train_draft_head  # noqa: E402
 from dllm_engine.training.trainer import draft_vocabulary  # noqa: E402
 
 NAME = "smollm2-135m-bd.draft-head"
+
+
+# (name, train file, held-out file): the templated voice turns, and a broader draw of turns
+DATASETS = [("base", "train.jsonl", "eval.jsonl"), ("broad", "train-broad.jsonl", "eval-broad.jsonl")]
 
 
 def main() -> None:
@@ -44,7 +48,10 @@ def main() -> None:
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "draft-head")
     parser.add_argument("--train-prompts", type=int, default=8000)
     parser.add_argument("--second-turns", type=int, default=4000)
+    parser.add_argument("--broad-prompts", type=int, default=7500, help="first turns of the broader draw")
+    parser.add_argument("--broad-follow-ups", type=int, default=5000)
     parser.add_argument("--eval-prompts", type=int, default=150)
+    parser.add_argument("--broad-eval-prompts", type=int, default=100)
     parser.add_argument("--max-new-tokens", type=int, default=80)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--taps", type=int, default=5)
@@ -62,45 +69,58 @@ def main() -> None:
         distill_data(args)
         if args.stage == "distill":
             return
-    records = read(args.run_dir / "train.jsonl")
-    held_out = read(args.run_dir / "eval.jsonl")
+    data = {name: (read(args.run_dir / train), read(args.run_dir / held)) for name, train, held in DATASETS
+            if (args.run_dir / train).exists() and (args.run_dir / held).exists()}
     loaded = load_model("smollm2-135m", dtype=torch.float32)
     spec = DraftHeadSpec(taps=even_taps(loaded.config.num_layers, args.taps), layers=args.layers,
                          block_size=args.block_size)
-    train_store = FeatureStore(args.run_dir / "features-train", spec.taps, loaded.config.hidden_size)
-    eval_store = FeatureStore(args.run_dir / "features-eval", spec.taps, loaded.config.hidden_size)
+    hidden = loaded.config.hidden_size
+    stores = {name: (FeatureStore(args.run_dir / f"features-train{suffix(name)}", spec.taps, hidden),
+                     FeatureStore(args.run_dir / f"features-eval{suffix(name)}", spec.taps, hidden)) for name in data}
     if args.stage in ("all", "features"):
-        extract(loaded, held_out, eval_store)
-        extract(loaded, records, train_store)
+        for name, (records, held_out) in data.items():
+            extract(loaded, held_out, stores[name][1])
+            extract(loaded, records, stores[name][0])
         if args.stage == "features":
             return
 
-    vocab = draft_vocabulary(records, loaded.config.vocab_size, loaded.config.eos_token_ids)
+    all_records = [r for records, _ in data.values() for r in records]
+    vocab = draft_vocabulary(all_records, loaded.config.vocab_size, loaded.config.eos_token_ids)
     head = DraftHead(loaded.config, spec)
     init_head(head, loaded)
     embed = loaded.model.embed_tokens.detach()
     vocab_weight = embed[torch.tensor(vocab)]
     config = DraftTrainConfig(batch_size=args.batch_size, anchors=args.anchors, lr=args.lr, minutes=args.minutes,
                               seed=args.seed)
-    train_batches = Batches(train_store, vocab, loaded.config.vocab_size, spec.block_size, args.anchors, args.seed)
-    eval_batches = Batches(eval_store, vocab, loaded.config.vocab_size, spec.block_size, args.anchors, args.seed + 1)
-    tokens_of = lambda i: records[i]["prompt_ids"] + records[i]["reply_ids"]  # noqa: E731
-    held_tokens_of = lambda i: held_out[i]["prompt_ids"] + held_out[i]["reply_ids"]  # noqa: E731
+    size = loaded.config.vocab_size
+    train = MixedBatches([(Batches(stores[name][0], vocab, size, spec.block_size, args.anchors, args.seed),
+                           tokens_of(records)) for name, (records, _) in data.items()], args.seed)
+    held = [(name, Batches(stores[name][1], vocab, size, spec.block_size, args.anchors, args.seed + 1),
+             tokens_of(held_out)) for name, (_, held_out) in data.items()]
     if args.stage == "export":
         state = torch.load(args.run_dir / "draft_head.pt", weights_only=False)
         head.load_state_dict(state["head"])
         history, evals = state["history"], state["evals"]
     else:
-        history = train_draft_head(head, embed, vocab_weight, loaded.model.rope, train_batches,
-                                   (eval_batches, eval_batches.records), tokens_of, held_tokens_of, config, args.run_dir)
+        history = train_draft_head(head, embed, vocab_weight, loaded.model.rope, train, held, config, args.run_dir)
         evals = json.loads((args.run_dir / "draft_evals.json").read_text())
-    size = export_draft_head(head, vocab, ADAPTER_DIR / f"{NAME}.safetensors", {
-        "train_records": len(records), "held_out_records": len(held_out), "steps": len(history),
-        "train_seconds": history[-1]["elapsed"] if history else 0.0, "train_config": vars(config),
-        "held_out": evals[-1] if evals else None, "hardware": "2 CPU cores (x86-64), no GPU",
+    size_bytes = export_draft_head(head, vocab, ADAPTER_DIR / f"{NAME}.safetensors", {
+        "train_records": {name: len(records) for name, (records, _) in data.items()},
+        "held_out_records": {name: len(held_out) for name, (_, held_out) in data.items()},
+        "steps": len(history), "train_seconds": history[-1]["elapsed"] if history else 0.0,
+        "train_config": vars(config), "held_out": evals[-1] if evals else None,
+        "hardware": "2 CPU cores (x86-64), no GPU",
     })
     plot_acceptance(evals, ROOT / "docs" / "draft-head-acceptance.png")
-    print(f"draft head written ({size / 1e6:.1f} MB) after {len(history)} steps")
+    print(f"draft head written ({size_bytes / 1e6:.1f} MB) after {len(history)} steps")
+
+
+def suffix(name: str) -> str:
+    return "" if name == "base" else f"-{name}"
+
+
+def tokens_of(records: list[dict]):
+    return lambda i: records[i]["prompt_ids"] + records[i]["reply_ids"]
 
 
 def init_head(head: DraftHead, loaded) -> None:
@@ -117,18 +137,25 @@ def init_head(head: DraftHead, loaded) -> None:
 
 def distill_data(args) -> None:
     from dllm_engine.engine import Engine
-    from dllm_engine.training.distill import distill
-    from dllm_engine.training.prompts import voice_prompts
+    from dllm_engine.training.distill import distill, distill_broad
+    from dllm_engine.training.prompts import broad_voice_prompts, voice_prompts
 
-    # train and held-out prompts come from differently seeded draws; any overlap is removed from train
+    # train and held-out prompts come from differently seeded draws; any overlap is removed from
+    # train, and the broader draw leaves out both held-out sets
     eval_prompts = voice_prompts(args.eval_prompts, seed=args.seed + 1000)
     train_prompts = [p for p in voice_prompts(args.train_prompts + len(eval_prompts), seed=args.seed)
                      if p not in set(eval_prompts)][:args.train_prompts]
+    broad_eval = broad_voice_prompts(args.broad_eval_prompts, seed=args.seed + 2000, exclude=set(train_prompts))
+    held = set(eval_prompts) | set(broad_eval)
+    broad_train = broad_voice_prompts(args.broad_prompts, seed=args.seed + 7, exclude=held | set(train_prompts))
     engine = Engine.load("smollm2-135m", max_live_requests=64)
     try:
         distill(engine, train_prompts, args.run_dir / "train.jsonl", args.max_new_tokens,
                 second_turns=args.second_turns, seed=args.seed)
         distill(engine, eval_prompts, args.run_dir / "eval.jsonl", args.max_new_tokens)
+        distill_broad(engine, broad_train, args.run_dir / "train-broad.jsonl", args.max_new_tokens,
+                      follow_ups=args.broad_follow_ups, seed=args.seed)
+        distill_broad(engine, broad_eval, args.run_dir / "eval-broad.jsonl", args.max_new_tokens, seed=args.seed + 1)
     finally:
         engine.close()
 

@@ -16,26 +16,55 @@ const voiceStats = {
   queuedSamples: 0, // assistant audio waiting in the playback buffer
   turns: 0, // assistant replies started
   interruptions: 0,
+  resumes: 0, // replies the server paused for a sound that held no words, then resumed
   lastTruncateMs: null, // audio_end_ms of the page's last conversation.item.truncate (exact, from the player)
   lastLatencyMs: null, // end of user speech (as the page learns it) -> first reply audio played
   lastServerLatencyMs: null, // the server's own speech_stopped_to_first_audio_ms
   lastTokensPerForward: null,
+  micLevel: 0, // the microphone's level, 0-100 (a -60..0 dBFS scale), over the last frame
+  micLevelPeak: 0, // the highest level since the page opened
+  lastTurnMetrics: null, // the server's last x_turn.metrics
+  session: null, // the session as the server last described it (session.created / .updated)
   sessionId: null,
   errors: [],
 };
 window.voiceStats = voiceStats;
 
-const SESSION_CONFIG = {
-  type: "realtime",
-  output_modalities: ["audio"],
-  audio: {
-    input: {
-      format: { type: "audio/pcm", rate: WIRE_RATE },
-      turn_detection: { type: "server_vad" },
-    },
-    output: { format: { type: "audio/pcm", rate: WIRE_RATE } },
-  },
-};
+const SETTINGS_KEY = "voice-assistant-settings";
+const DEFAULT_SETTINGS = { turnDetection: "server_vad", eagerness: "auto", voice: null, instructions: "", showDrafts: true };
+
+function loadSettings() {
+  try {
+    return { ...DEFAULT_SETTINGS, ...JSON.parse(localStorage.getItem(SETTINGS_KEY) || "{}") };
+  } catch {
+    return { ...DEFAULT_SETTINGS };
+  }
+}
+
+/** session.update's session for the page's settings (what the person chose, remembered here). */
+function sessionConfig(settings) {
+  const turnDetection = { type: settings.turnDetection };
+  if (settings.turnDetection === "semantic_vad") turnDetection.eagerness = settings.eagerness;
+  const output = { format: { type: "audio/pcm", rate: WIRE_RATE } };
+  if (settings.voice) output.voice = settings.voice;
+  const session = {
+    type: "realtime",
+    output_modalities: ["audio"],
+    audio: { input: { format: { type: "audio/pcm", rate: WIRE_RATE }, turn_detection: turnDetection }, output },
+  };
+  if (settings.instructions.trim()) session.instructions = settings.instructions.trim();
+  return session;
+}
+
+/** 0-100 on a -60..0 dBFS scale: the RMS of one PCM16 frame. */
+function frameLevel(pcm16) {
+  const samples = new Int16Array(pcm16);
+  let sum = 0;
+  for (let i = 0; i < samples.length; i++) sum += samples[i] * samples[i];
+  const rms = Math.sqrt(sum / Math.max(1, samples.length)) / 32768;
+  const dbfs = 20 * Math.log10(Math.max(rms, 1e-6));
+  return Math.max(0, Math.min(100, Math.round(((dbfs + 60) / 60) * 100)));
+}
 
 class VoicePage {
   constructor() {
@@ -54,12 +83,15 @@ class VoicePage {
     this.currentResponseId = null;
     this.droppedResponses = new Set(); // barged-in replies: their late audio is ignored
     this.truncatedItems = new Set();
+    this.heardWhenPaused = new Map(); // responseId -> {itemId, playedSamples}: truncated only if it is cut
     this.userSpeaking = false;
     this.awaitingReplyAt = null; // performance.now() when the user's turn ended
     this.playing = false;
     this.muted = false;
     this.typedTurns = 0;
     this.openedBefore = false;
+    this.settings = loadSettings();
+    this.settingsPending = false; // a session.update from the settings form awaits its answer
   }
 
   start() {
@@ -76,6 +108,13 @@ class VoicePage {
       this.sendTypedTurn();
     });
     $("dismiss-error").addEventListener("click", () => this.hideError());
+    $("settings-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.applySettings();
+    });
+    $("show-drafts").addEventListener("change", () => this.showDrafts($("show-drafts").checked));
+    this.fillSettingsForm();
+    this.showDrafts(this.settings.showDrafts);
     document.addEventListener("keydown", (event) => {
       if (event.key === "Escape") this.stopAssistant();
     });
@@ -91,9 +130,13 @@ class VoicePage {
       button.hidden = true;
       $("mute").disabled = false;
       $("mute").focus();
+      document.body.dataset.mic = "on";
     } catch (error) {
       button.disabled = false;
-      this.showError(`Microphone unavailable (${error.name || "error"}: ${error.message}). You can still type.`);
+      document.body.dataset.mic = "unavailable";
+      const why = error.name === "NotAllowedError" ? "access to the microphone was denied"
+        : error.name === "NotFoundError" ? "no microphone was found" : `${error.name || "error"}: ${error.message}`;
+      this.showError(`Microphone unavailable (${why}). You can still type.`);
       await this.audio.startPlayback().catch(() => {});
     }
     this.updateState();
@@ -139,8 +182,57 @@ class VoicePage {
 
   // ---- socket ---------------------------------------------------------------
 
+  // ---- settings ------------------------------------------------------------
+
+  fillSettingsForm() {
+    $("turn-detection").value = this.settings.turnDetection;
+    $("eagerness").value = this.settings.eagerness;
+    $("instructions").value = this.settings.instructions;
+    $("show-drafts").checked = this.settings.showDrafts;
+    $("eagerness").disabled = this.settings.turnDetection !== "semantic_vad";
+    $("turn-detection").onchange = () => { $("eagerness").disabled = $("turn-detection").value !== "semantic_vad"; };
+  }
+
+  applySettings() {
+    this.settings = {
+      ...this.settings,
+      turnDetection: $("turn-detection").value,
+      eagerness: $("eagerness").value,
+      voice: $("voice").value || null,
+      instructions: $("instructions").value,
+      showDrafts: $("show-drafts").checked,
+    };
+    localStorage.setItem(SETTINGS_KEY, JSON.stringify(this.settings));
+    if (!this.connection.isOpen) {
+      $("settings-status").textContent = "saved; applied when connected";
+      return;
+    }
+    this.settingsPending = true;
+    $("settings-status").textContent = "applying…";
+    this.connection.send({ type: "session.update", session: sessionConfig(this.settings) });
+  }
+
+  showDrafts(on) {
+    document.body.dataset.showDrafts = String(on);
+  }
+
+  onSessionShape(event) {
+    const session = event.session || {};
+    voiceStats.session = session;
+    voiceStats.sessionId = session.id || voiceStats.sessionId;
+    const voice = session.audio && session.audio.output && session.audio.output.voice;
+    const select = $("voice");
+    const voices = new Set([voice, this.settings.voice].filter(Boolean));
+    select.replaceChildren(...[...voices].map((name) => new Option(name, name, false, name === voice)));
+    if (event.type === "session.updated" && this.settingsPending) {
+      this.settingsPending = false;
+      const detection = session.audio && session.audio.input && session.audio.input.turn_detection;
+      $("settings-status").textContent = `applied: ${detection ? detection.type : "no turn detection"}`;
+    }
+  }
+
   onOpen() {
-    this.connection.send({ type: "session.update", session: SESSION_CONFIG });
+    this.connection.send({ type: "session.update", session: sessionConfig(this.settings) });
     if (this.openedBefore) {
       // The server keeps no history across sockets: a reconnect is a fresh conversation.
       this.resetTurnState();
@@ -169,6 +261,12 @@ class VoicePage {
   }
 
   sendAudioFrame(pcm16) {
+    const level = this.muted ? 0 : frameLevel(pcm16);
+    voiceStats.micLevel = level;
+    voiceStats.micLevelPeak = Math.max(voiceStats.micLevelPeak, level);
+    const meter = $("mic-level");
+    meter.style.setProperty("--level", `${level}%`);
+    meter.setAttribute("aria-valuenow", String(level));
     this.connection.send({ type: "input_audio_buffer.append", audio: pcm16ToBase64(pcm16) });
   }
 
@@ -279,6 +377,11 @@ class VoicePage {
     if (!response.id) return;
     const reply = this.reply(response.id);
     reply.finish(response.status || "completed");
+    const paused = this.heardWhenPaused.get(response.id);
+    if (paused) {  // cut while paused: the history keeps what this page really played
+      this.heardWhenPaused.delete(response.id);
+      if (response.status !== "completed") this.truncate(paused.itemId, paused.playedSamples);
+    }
     if (reply.itemId) this.audio.endItem(reply.itemId);
     // A reply that ends with no audio to wait for ends the "thinking" phase too.
     if (response.id === this.currentResponseId && reply.receivedSamples === 0) this.awaitingReplyAt = null;
@@ -289,6 +392,7 @@ class VoicePage {
   onTurnMetrics(event) {
     const reply = this.reply(event.response_id);
     reply.metrics = event;
+    voiceStats.lastTurnMetrics = event;
     if (event.speech_stopped_to_first_audio_ms != null) voiceStats.lastServerLatencyMs = event.speech_stopped_to_first_audio_ms;
     if (event.tokens_per_forward != null) voiceStats.lastTokensPerForward = event.tokens_per_forward;
     this.view.renderReply(reply);
@@ -332,8 +436,10 @@ class VoicePage {
   }
 
   /**
-   * Stop the current reply now: drop queued audio, tell the server what was heard.
-   * The server cancels on its own when it detects speech; a typed turn or Escape asks it to.
+   * Stop the current reply now and drop its queued audio. A typed turn or Escape cuts it
+   * (response.cancel, and the server is told what was heard). Speech over it only pauses it:
+   * the server may resume it (output_audio_buffer.started: a cough, a "mm-hmm"), and what was
+   * heard is reported once the reply ends cut off.
    */
   async bargeIn({ cancelResponse }) {
     const responseId = this.currentResponseId;
@@ -346,7 +452,9 @@ class VoicePage {
     const cutShort = wasInFlight || cleared.droppedSamples > 0;
     if (!cutShort) return; // it had been heard in full: nothing to take back
     for (const item of cleared.items) {
-      if (item.itemId === reply.itemId) this.truncate(item.itemId, item.playedSamples);
+      if (item.itemId !== reply.itemId) continue;
+      if (cancelResponse || reply.finished) this.truncate(item.itemId, item.playedSamples);
+      else this.heardWhenPaused.set(responseId, { itemId: item.itemId, playedSamples: item.playedSamples });
     }
     reply.interrupted = true;
     voiceStats.interruptions += 1;
@@ -374,6 +482,18 @@ class VoicePage {
 
   onOutputAudioCleared() {
     this.bargeIn({ cancelResponse: false });
+  }
+
+  onOutputAudioStarted(event) {
+    // A paused reply resumes (the sound over it held no words): its audio plays again.
+    const responseId = event.response_id;
+    if (!responseId || responseId !== this.currentResponseId || !this.droppedResponses.has(responseId)) return;
+    this.droppedResponses.delete(responseId);
+    this.heardWhenPaused.delete(responseId);
+    const reply = this.reply(responseId);
+    reply.interrupted = false;
+    voiceStats.resumes += 1;
+    this.view.renderReply(reply);
   }
 
   // ---- state and feedback --------------------------------------------------
@@ -407,6 +527,7 @@ class VoicePage {
     const error = event.error || {};
     const where = error.param ? ` (${error.param})` : "";
     const message = `${error.message || "The server reported an error."}${where}`;
+    if (this.settingsPending) $("settings-status").textContent = `refused: ${message}`;
     voiceStats.errors.push(message);
     this.showError(message);
     // A turn the server refused to answer will not produce a reply to wait for.
@@ -436,9 +557,8 @@ const STATE_LABELS = {
 };
 
 const SERVER_EVENT_HANDLERS = {
-  "session.created": function (event) {
-    voiceStats.sessionId = event.session && event.session.id;
-  },
+  "session.created": VoicePage.prototype.onSessionShape,
+  "session.updated": VoicePage.prototype.onSessionShape,
   "input_audio_buffer.speech_started": VoicePage.prototype.onSpeechStarted,
   "input_audio_buffer.speech_stopped": VoicePage.prototype.onSpeechStopped,
   "conversation.item.input_audio_transcription.delta": VoicePage.prototype.onTranscriptionDelta,
@@ -452,6 +572,7 @@ const SERVER_EVENT_HANDLERS = {
   "response.output_audio_transcript.done": VoicePage.prototype.onAudioTranscriptDone,
   "response.done": VoicePage.prototype.onResponseDone,
   "output_audio_buffer.cleared": VoicePage.prototype.onOutputAudioCleared,
+  "output_audio_buffer.started": VoicePage.prototype.onOutputAudioStarted,
   "conversation.item.truncated": VoicePage.prototype.onItemTruncated,
   "x_turn.metrics": VoicePage.prototype.onTurnMetrics,
   error: VoicePage.prototype.onErrorEvent,

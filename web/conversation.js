@@ -172,6 +172,7 @@ export class ConversationView {
     if (reply.heardMs != null) text.dataset.heardMs = String(reply.heardMs);
     if (reply.itemId) element.dataset.itemId = reply.itemId;
     element.querySelector('[data-role="turn-metrics"]').textContent = describeReply(reply);
+    renderTimeline(element.querySelector('[data-role="turn-timeline"]'), reply);
     this.keepBottomInView();
   }
 
@@ -205,7 +206,11 @@ export class ConversationView {
       const metrics = document.createElement("p");
       metrics.className = "metrics";
       metrics.dataset.role = "turn-metrics";
-      item.append(metrics);
+      const timeline = document.createElement("div");
+      timeline.className = "timeline";
+      timeline.dataset.role = "turn-timeline";
+      timeline.hidden = true;
+      item.append(metrics, timeline);
       this.replyElements.set(id, item);
     }
     this.list.append(item);
@@ -217,6 +222,50 @@ export class ConversationView {
     const nearBottom = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 160;
     if (nearBottom) scroller.scrollTop = scroller.scrollHeight;
   }
+}
+
+// Where a turn's time went, from the server's x_turn.metrics: each bar runs from the end of the
+// user's speech to a mark (final transcript, first token, first audio, reply done), scaled to
+// the longest; a barge-in shows where it cut the reply and how much was heard.
+const TIMELINE_MARKS = [
+  ["transcript", "speech_stopped_to_transcript_ms", "final transcript"],
+  ["first-token", "speech_stopped_to_first_draft_ms", "first token"],
+  ["first-audio", "speech_stopped_to_first_audio_ms", "first audio"],
+  ["done", "speech_stopped_to_done_ms", "reply done"],
+];
+
+export function renderTimeline(container, reply) {
+  const metrics = reply.metrics;
+  const marks = metrics ? TIMELINE_MARKS.filter(([, key]) => metrics[key] != null) : [];
+  container.hidden = marks.length === 0;
+  if (marks.length === 0) return;
+  const longest = Math.max(...marks.map(([, key]) => metrics[key]), 1);
+  const rows = marks.map(([name, key, label]) => {
+    const ms = Math.round(metrics[key]);
+    container.dataset[toCamel(name) + "Ms"] = String(ms);
+    const row = document.createElement("div");
+    row.className = `mark ${name}`;
+    row.title = `${label}: ${ms} ms after you stopped speaking`;
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    bar.style.width = `${Math.max(2, (100 * metrics[key]) / longest)}%`;
+    row.append(span("label", label), bar, span("ms", `${ms} ms`));
+    return row;
+  });
+  if (metrics.barge_in_to_cleared_ms != null) {
+    const heard = reply.heardMs != null ? `, ${(reply.heardMs / 1000).toFixed(1)} s heard` : "";
+    const row = document.createElement("div");
+    row.className = "mark barge-in";
+    row.title = `you talked over it: the reply stopped ${Math.round(metrics.barge_in_to_cleared_ms)} ms after you started`;
+    row.append(span("label", "barge-in"), span("ms", `cut after ${Math.round(metrics.barge_in_to_cleared_ms)} ms${heard}`));
+    container.dataset.bargeInMs = String(Math.round(metrics.barge_in_to_cleared_ms));
+    rows.push(row);
+  }
+  container.replaceChildren(...rows);
+}
+
+function toCamel(name) {
+  return name.replace(/-(.)/g, (_, letter) => letter.toUpperCase());
 }
 
 function span(className, text, tag = "span") {

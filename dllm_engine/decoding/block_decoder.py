@@ -168,6 +168,10 @@ class BlockDecoderBase:
 
 
 class BlockCausalDecoder(BlockDecoderBase):
+    # a prompt longer than this prefills a chunk a pass (0: all at once); the engine sets it, so
+    # a live reply batched with a long prompt waits for one chunk, not for the whole prefill
+    prefill_chunk = 0
+
     def __init__(self, *args, adapter: bool, bidirectional_clean_blocks: bool, verify_drafts: int = 0,
                  exact: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -206,8 +210,19 @@ class BlockCausalDecoder(BlockDecoderBase):
         self.written = length
         self.unwritten = list(self.prompt_ids[length:])
 
+    def _chunk_plan(self) -> StepPlan | None:
+        """The next chunk of a long prompt, written causally with nothing predicted yet."""
+        if not (self.sliding and self.prefill_chunk and not self.reply and len(self.unwritten) > self.prefill_chunk):
+            return None
+        tokens = torch.tensor(self.unwritten[:self.prefill_chunk])
+        end = self.written + len(tokens)
+        return StepPlan([Segment(tokens, self.written, self.cache, end, "causal")], writes=len(tokens))
+
     def plan(self) -> StepPlan:
-        plan = StepPlan()
+        chunk = self._chunk_plan()
+        if chunk is not None:
+            return chunk
+        plan = StepPlan(writes=len(self.unwritten))
         start = self.written
         if self.unwritten:
             drafts = self._drafts()
@@ -247,9 +262,10 @@ class BlockCausalDecoder(BlockDecoderBase):
         return Segment(tokens, start, self.cache, end, "full")
 
     def take_predictions(self, plan: StepPlan, tokens: list[int]) -> tuple[list[int], int]:
-        if self.unwritten:  # this step's pass wrote them
-            self.written += len(self.unwritten)
-            self.unwritten = []
+        self.written += plan.writes  # this step's pass wrote them
+        self.unwritten = self.unwritten[plan.writes:]
+        if not plan.targets:  # a prefill chunk: nothing predicted yet
+            return [], 0
         return super().take_predictions(plan, tokens)
 
     def _after_commit(self) -> None:

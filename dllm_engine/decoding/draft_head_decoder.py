@@ -32,21 +32,28 @@ class DraftHeadDecoder(BlockCausalDecoder):
         kwargs.update(adapter=False, bidirectional_clean_blocks=False, exact=True)
         kwargs.setdefault("verify_drafts", kwargs["block_size"] - 1)
         super().__init__(*args, **kwargs)
-        self.context: tuple[Tensor, int] | None = None  # verified rows' features for the head, first position
+        # verified rows' features the head has not taken yet: (features, first position)
+        self.contexts: list[tuple[Tensor, int]] = []
         self._pass_start = 0
         self._pass_features: Tensor | None = None
 
     def plan(self) -> StepPlan:
+        chunk = self._chunk_plan()
+        if chunk is not None:  # a long prompt's chunk: its features are context too
+            chunk.tap_rows = list(range(chunk.writes))
+            return chunk
         drafts = self._drafts()
         tokens = self.unwritten + drafts
         last = len(self.unwritten) - 1
         plan = StepPlan([Segment(torch.tensor(tokens), self.written, self.cache, self.written + len(tokens), "causal")],
-                        [Target(0, last, 0, forced=True)])
+                        [Target(0, last, 0, forced=True)], writes=len(self.unwritten))
         plan.targets.extend(Target(0, last + 1 + j, j + 1, given=draft) for j, draft in enumerate(drafts))
         plan.tap_rows = list(range(len(tokens)))
         return plan
 
     def take_predictions(self, plan: StepPlan, tokens: list[int]) -> tuple[list[int], int]:
+        if not plan.targets:  # a prefill chunk: every row it wrote is verified
+            self.contexts.append((plan.taps, self.written))
         self._pass_start, self._pass_features = self.written, plan.taps
         return super().take_predictions(plan, tokens)
 
@@ -66,7 +73,7 @@ class DraftHeadDecoder(BlockCausalDecoder):
         kept_drafts = settled - 1
         self.written += kept_drafts
         if self._pass_features is not None:
-            self.context = (self._pass_features[:self.written - self._pass_start], self._pass_start)
+            self.contexts.append((self._pass_features[:self.written - self._pass_start], self._pass_start))
         self.reply.extend(self.block[:settled])
         self.unwritten = [self.block[settled - 1]]
         room = min(self.block_size, self.max_new_tokens - len(self.reply))
@@ -75,16 +82,18 @@ class DraftHeadDecoder(BlockCausalDecoder):
             self.finish_reason = "length"
 
     # ---- the head's step -----------------------------------------------------------------------
-    def draft_request(self) -> tuple[Tensor, int, int, int] | None:
-        """(context features, their first position, the exact token a block starts with, its
-        position), or None when there is nothing to draft (finished, or no room for a draft)."""
-        if self.finished or self.context is None or len(self.block) < 2:
+    def draft_request(self) -> tuple[list[tuple[Tensor, int]], int | None, int | None] | None:
+        """What the head's step has to do for this request: (the contexts it has not taken,
+        the exact token a block starts with and its position, or None, None when no block is
+        wanted: a prefill chunk, no room left), or None when there is nothing at all."""
+        if self.finished or not self.contexts:
             return None
-        features, start = self.context
-        return features, start, self.unwritten[-1], self.written
+        contexts, self.contexts = self.contexts, []
+        if self.reply and len(self.block) >= 2:
+            return contexts, self.unwritten[-1], self.written
+        return contexts, None, None
 
     def take_drafts(self, drafted: list[int]) -> None:
         """The head's guesses for the next positions (the next pass checks them)."""
-        self.context = None
         for position, token in enumerate(drafted[:len(self.block)]):
             self.guesses[position] = token

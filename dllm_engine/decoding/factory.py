@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dllm_engine.decoding.block_decoder import BlockCausalDecoder, BlockDecoderBase, FullAttentionDecoder
 from dllm_engine.decoding.draft_head_decoder import DraftHeadDecoder
-from dllm_engine.loading.registry import LoadedModel
 from dllm_engine.models.families import FAMILIES
 from dllm_engine.models.transformer import KVCache
 from dllm_engine.request import EngineError, GenerationParams
 
+if TYPE_CHECKING:
+    from dllm_engine.loading.registry import LoadedModel
+
 _NO_MASK = -1  # placeholder for models without a mask token: only ever used in AR mode, never fed
 
 
-def decode_block(loaded: LoadedModel, params: GenerationParams) -> int:
+def decode_block(loaded: "LoadedModel", params: GenerationParams) -> int:
     """The block a request decodes with (1 for AR), refused when the model cannot."""
     config, head = loaded.config, loaded.draft_head
     if params.mode != "diffusion":
@@ -25,7 +29,7 @@ def decode_block(loaded: LoadedModel, params: GenerationParams) -> int:
     return block
 
 
-def make_decoder(loaded: LoadedModel, ids: list[int], params: GenerationParams, cache_dtype, device) -> BlockDecoderBase:
+def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams, cache_dtype, device) -> BlockDecoderBase:
     """The request's decoder over a fresh (not yet allocated) KV cache of its longest reply:
     the draft head's when the model has one, LLaDA/Dream's full-attention decoder, else the
     block-causal one (AR mode is a block of 1 with the adapter off)."""

@@ -29,3 +29,6 @@ class StepPlan:
     # runner fills `taps` [len(tap_rows), taps * hidden] after the pass
     tap_rows: list[int] = field(default_factory=list)
     taps: Tensor | None = None
+    # how many of the decoder's unwritten tokens this pass writes (all, unless a long prompt
+    # prefills in chunks: then a chunk, and nothing is predicted)
+    writes: int = 0

@@ -90,8 +90,11 @@ class RegisteredModel:
 REGISTRY = {
     "smollm2-135m": RegisteredModel("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF (autoregressive)", "gguf:smollm2"),
     "smollm2-135m-bd": RegisteredModel(
-        "smollm2-135m-bd", "SmolLM2-135M-Instruct + our block-diffusion adapter (default)", "smollm2-135m",
-        adapter="smollm2-135m-bd"),
+        "smollm2-135m-bd", "SmolLM2-135M-Instruct + our block-diffusion draft head on its hidden states (default)",
+        "smollm2-135m", draft_head="smollm2-135m-bd.draft-head"),
+    "smollm2-135m-bd-lora": RegisteredModel(
+        "smollm2-135m-bd-lora", "SmolLM2-135M-Instruct + our LoRA block-diffusion drafter (the earlier default)",
+        "smollm2-135m", adapter="smollm2-135m-bd"),
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dllm_engine.engine import Engine
 from dllm_engine.request import GenerationParams
-from dllm_engine.training.prompts import conversation, second_turn
+from dllm_engine.training.prompts import broad_conversation, broad_follow_up, conversation, second_turn
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,21 @@ def distill(engine: Engine, prompts: list[str], out: Path, max_new_tokens: int, 
     return records
 
 
+def distill_broad(engine: Engine, prompts: list[str], out: Path, max_new_tokens: int, follow_ups: int = 0,
+                  seed: int = 0, concurrency: int = 48) -> list[dict]:
+    """distill() over the broader draw (training/prompts.py broad_*): each first turn under one
+    of the system prompts voice clients send, follow-ups from the broader list."""
+    rng = random.Random(seed)
+    firsts = [broad_conversation(p, rng) for p in prompts]
+    done = _answer(engine, firsts, out, max_new_tokens, concurrency)
+    records = [done[_key(m)] for m in firsts]
+    if follow_ups:
+        seconds = [broad_follow_up(r["messages"], r["reply"], rng) for r in records[:follow_ups]]
+        done = _answer(engine, seconds, out, max_new_tokens, concurrency)
+        records += [done[_key(m)] for m in seconds]
+    return records
+
+
 def _answer(engine: Engine, conversations: list[list[dict]], out: Path, max_new_tokens: int,
             concurrency: int) -> dict[str, dict]:
     done = {}
@@ -46,11 +61,19 @@ def _answer(engine: Engine, conversations: list[list[dict]], out: Path, max_new_
     todo = [m for m in conversations if _key(m) not in done]
     log.info("distillation: %d cached, %d to make", len(conversations) - len(todo), len(todo))
     params = GenerationParams(mode="autoregressive", max_new_tokens=max_new_tokens)
-    started, made = time.monotonic(), 0
+    started, made, waiting = time.monotonic(), 0, list(todo)
+    live: list[tuple[list[dict], object]] = []
     with out.open("a") as sink:
-        for first in range(0, len(todo), concurrency):
-            jobs = [(m, engine.submit(m, params)) for m in todo[first:first + concurrency]]
-            for messages, handle in jobs:
+        while waiting or live:  # a rolling window: a finished reply's place goes to the next at once
+            while waiting and len(live) < concurrency:
+                messages = waiting.pop(0)
+                live.append((messages, engine.submit(messages, params)))
+            finished = [(m, h) for m, h in live if h.done]
+            if not finished:
+                time.sleep(0.005)
+                continue
+            live = [(m, h) for m, h in live if not h.done]
+            for messages, handle in finished:
                 final = handle.result()
                 record = {"prompt": messages[-1]["content"], "messages": messages,
                           "prompt_ids": engine.prompt_ids(messages, raw=False),
@@ -59,7 +82,8 @@ def _answer(engine: Engine, conversations: list[list[dict]], out: Path, max_new_
                 sink.write(json.dumps(record) + "\n")
                 done[_key(messages)] = record
                 made += 1
-            sink.flush()
-            rate = made / (time.monotonic() - started)
-            print(f"distilled {made}/{len(todo)} ({rate:.2f} replies/s)", flush=True)
+                if made % 64 == 0 or made == len(todo):
+                    sink.flush()
+                    rate = made / (time.monotonic() - started)
+                    print(f"distilled {made}/{len(todo)} ({rate:.2f} replies/s)", flush=True)
     return done

@@ -91,6 +91,22 @@ class Batches:
                 "target_hidden": target_hidden}
 
 
+class MixedBatches:
+    """Batches from several stores (data sets), each batch from one, chosen in proportion to
+    their sizes."""
+
+    def __init__(self, sources: list[tuple[Batches, object]], seed: int):
+        self.sources = [(b, tokens_of) for b, tokens_of in sources if len(b)]
+        self.rng = random.Random(seed)
+
+    def __len__(self) -> int:
+        return sum(len(b) for b, _ in self.sources)
+
+    def sample(self, count: int) -> dict:
+        batches, tokens_of = self.rng.choices(self.sources, weights=[len(b) for b, _ in self.sources])[0]
+        return batches.sample(count, tokens_of)
+
+
 def step_loss(head: DraftHead, batch: dict, embed: torch.Tensor, vocab_weight: torch.Tensor, rope,
               config: DraftTrainConfig) -> tuple[torch.Tensor, dict]:
     hidden = head.forward_train(batch["features"], batch["tokens"], batch["anchors"], embed, rope)
@@ -119,8 +135,21 @@ def acceptance_by_offset(head: DraftHead, batches: Batches, records: list[int], 
     return {"by_offset": [round(v, 4) for v in by_offset], "tokens_per_pass": round(1 + sum(by_offset), 3)}
 
 
-def train_draft_head(head: DraftHead, embed: torch.Tensor, vocab_weight: torch.Tensor, rope, train: Batches,
-                     held_out: tuple[Batches, list[int]], tokens_of, held_tokens_of, config: DraftTrainConfig,
+def held_out_acceptance(head: DraftHead, held_out: list[tuple[str, Batches, object]], embed, vocab_weight,
+                        rope) -> dict:
+    """acceptance_by_offset on each held-out set, and over all of them (weighted by blocks)."""
+    results = {name: acceptance_by_offset(head, batches, batches.records, tokens_of, embed, vocab_weight, rope,
+                                          head.spec.block_size)
+               for name, batches, tokens_of in held_out}
+    weights = {name: len(batches.records) for name, batches, _ in held_out}
+    total = sum(weights.values())
+    offsets = len(next(iter(results.values()))["by_offset"])
+    by_offset = [round(sum(results[n]["by_offset"][j] * weights[n] for n in results) / total, 4) for j in range(offsets)]
+    return {"by_offset": by_offset, "tokens_per_pass": round(1 + sum(by_offset), 3), "sets": results}
+
+
+def train_draft_head(head: DraftHead, embed: torch.Tensor, vocab_weight: torch.Tensor, rope, train: MixedBatches,
+                     held_out: list[tuple[str, Batches, object]], config: DraftTrainConfig,
                      run_dir: Path) -> list[dict]:
     """Trains `head` in place until the time budget or max_steps; returns the history."""
     from tqdm import tqdm
@@ -152,8 +181,7 @@ def train_draft_head(head: DraftHead, embed: torch.Tensor, vocab_weight: torch.T
         if time.monotonic() - last_eval >= config.eval_every_s:
             head.eval()
             with autocast:
-                result = acceptance_by_offset(head, held_out[0], held_out[1], held_tokens_of, embed, vocab_weight,
-                                              rope, head.spec.block_size)
+                result = held_out_acceptance(head, held_out, embed, vocab_weight, rope)
             evals.append({"step": step, "seconds": round(time.monotonic() - started, 1), **result})
             (run_dir / "draft_evals.json").write_text(json.dumps(evals, indent=1))
             bar.write(f"held-out at {evals[-1]['seconds'] / 60:.1f} min: {result['tokens_per_pass']} tokens a "
@@ -164,7 +192,7 @@ def train_draft_head(head: DraftHead, embed: torch.Tensor, vocab_weight: torch.T
         lr = _schedule(step, elapsed / budget, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = train.sample(config.batch_size, tokens_of)
+        batch = train.sample(config.batch_size)
         with autocast:
             loss, stats = step_loss(head, batch, embed, vocab_weight, rope, config)
         optimizer.zero_grad(set_to_none=True)

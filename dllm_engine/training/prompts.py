@@ -181,3 +181,108 @@ def conversation(prompt: str, voice_system: bool) -> list[dict]:
     """Half the data carries the voice system prompt (as the voice app sends), half the model's own."""
     messages = [{"role": "system", "content": VOICE_SYSTEM_PROMPT}] if voice_system else []
     return messages + [{"role": "user", "content": prompt}]
+
+
+# ---- a broader draw: more kinds of turns, for the draft head's data ------------------------------
+# (separate lists, so voice_prompts' draws, and the held-out set made from them, stay as they were)
+_PEOPLE = ["Albert Einstein", "Marie Curie", "Isaac Newton", "Leonardo da Vinci", "William Shakespeare",
+           "Cleopatra", "Napoleon", "Mozart", "Ada Lovelace", "Charles Darwin", "Nelson Mandela", "Frida Kahlo",
+           "Galileo", "Beethoven", "Amelia Earhart", "Nikola Tesla", "Jane Austen", "Gandhi", "Picasso"]
+_FOODS = ["pizza", "sushi", "pasta", "tacos", "curry", "soup", "salad", "pancakes", "dumplings", "bread",
+          "rice", "noodles", "ice cream", "cookies", "a sandwich", "an omelette", "a smoothie", "chili"]
+_PLACES = ["Paris", "Tokyo", "New York", "London", "Rome", "Sydney", "Cairo", "Rio", "Berlin", "Madrid",
+           "Toronto", "Mumbai", "Istanbul", "Lisbon", "Prague", "Seoul", "Bangkok", "Mexico City", "Dublin"]
+_HOBBIES = ["painting", "chess", "gardening", "knitting", "running", "swimming", "cooking", "photography",
+            "yoga", "guitar", "piano", "hiking", "reading", "drawing", "dancing", "baking", "cycling", "fishing"]
+_SCIENCE = ["atoms", "DNA", "evolution", "the solar system", "climate change", "light", "sound", "energy",
+            "friction", "the water cycle", "earthquakes", "the immune system", "photosynthesis", "stars",
+            "volcanoes", "oxygen", "electricity", "magnetism", "the speed of light", "gravity on the moon"]
+_FEELINGS = ["nervous about tomorrow", "really happy", "a little sad", "stressed at work", "excited for the weekend",
+             "tired after a long day", "lonely tonight", "proud of myself", "worried about an exam", "bored"]
+_UNITS = [("kilometers", "miles"), ("pounds", "kilograms"), ("Celsius", "Fahrenheit"), ("cups", "liters"),
+          ("inches", "centimeters"), ("hours", "minutes"), ("feet", "meters")]
+_BROAD_TEMPLATES = [
+    ("Who was {person}?", {"person": _PEOPLE}),
+    ("What is {person} famous for?", {"person": _PEOPLE}),
+    ("Tell me something interesting about {person}.", {"person": _PEOPLE}),
+    ("How do I make {food}?", {"food": _FOODS}),
+    ("Is {food} healthy?", {"food": _FOODS}),
+    ("What goes well with {food}?", {"food": _FOODS}),
+    ("What should I see in {place}?", {"place": _PLACES}),
+    ("What is {place} known for?", {"place": _PLACES}),
+    ("Is {place} a good place to visit in winter?", {"place": _PLACES}),
+    ("How do I get started with {hobby}?", {"hobby": _HOBBIES}),
+    ("Why do people enjoy {hobby}?", {"hobby": _HOBBIES}),
+    ("Give me one tip for {hobby}.", {"hobby": _HOBBIES}),
+    ("How does {science} work?", {"science": _SCIENCE}),
+    ("Explain {science} in one sentence.", {"science": _SCIENCE}),
+    ("What would happen without {science}?", {"science": _SCIENCE}),
+    ("I'm feeling {feeling}.", {"feeling": _FEELINGS}),
+    ("I'm {feeling}. Any advice?", {"feeling": _FEELINGS}),
+    ("How many {question}?", {"question": [f"{to} are in {n} {unit}" for unit, to in _UNITS for n in range(1, 13)]}),
+    ("What is {a} percent of {b}?", {"a": [5, 10, 20, 25, 50, 75], "b": [40, 80, 100, 200, 60, 120]}),
+    ("If I have {a} apples and eat {b}, how many are left?", {"a": list(range(5, 20)), "b": list(range(1, 5))}),
+    ("What is the square root of {n}?", {"n": [4, 9, 16, 25, 36, 49, 64, 81, 100, 144]}),
+    ("Spell the word {word}.", {"word": ["necessary", "rhythm", "beautiful", "Wednesday", "library", "science"]}),
+    ("What rhymes with {word}?", {"word": ["cat", "moon", "light", "tree", "blue", "day", "song", "heart"]}),
+    ("Can you give me a synonym for {word}?", {"word": ["happy", "big", "fast", "smart", "tired", "angry"]}),
+    ("What is the opposite of {word}?", {"word": ["early", "light", "full", "open", "strong", "quiet", "rich"]}),
+    ("Tell me a fun fact about {animals}.", {"animals": _ANIMALS}),
+    ("Why do {animals} sleep so much?", {"animals": ["cats", "dogs", "koalas", "lions", "sloths", "bats"]}),
+    ("Can {animals} swim?", {"animals": _ANIMALS}),
+    ("What's a good {kind} to learn?", {"kind": ["language", "instrument", "sport", "skill", "dance"]}),
+    ("Should I learn {hobby} or {hobby2}?", {"hobby": _HOBBIES, "hobby2": _HOBBIES}),
+    ("What's the difference between {food} and {food2}?", {"food": _FOODS, "food2": _FOODS}),
+    ("Compare {place} and {place2} for a holiday.", {"place": _PLACES, "place2": _PLACES}),
+    ("Make up a riddle about {thing}.", {"thing": _THINGS}),
+    ("Describe {place} in three words.", {"place": _PLACES}),
+    ("Tell me a happy story about {thing}.", {"thing": _THINGS}),
+    ("Write a haiku about {topic}.", {"topic": _TOPICS}),
+    ("What time should I go to bed if I wake up at {hour}?", {"hour": ["six", "seven", "five thirty", "eight"]}),
+    ("How long should I {activity}?", {"activity": ["nap", "exercise each day", "boil pasta", "study at once",
+                                                    "brush my teeth", "steep green tea", "meditate"]}),
+    ("What do you think about {topic}?", {"topic": _TOPICS + _SCIENCE}),
+    ("Is it true that {claim}?", {"claim": ["goldfish have a three second memory", "we only use ten percent of "
+                                            "our brain", "lightning never strikes twice", "bats are blind",
+                                            "bulls hate the color red", "the Great Wall is visible from space"]}),
+]
+_BROAD_FOLLOW_UPS = _FOLLOW_UPS + [
+    ("Can you give me an example?", {}), ("What else should I know?", {}), ("How long does that take?", {}),
+    ("Is that expensive?", {}), ("And why is that?", {}), ("Okay, and what about {food}?", {"food": _FOODS}),
+    ("Who was {person}, then?", {"person": _PEOPLE}), ("Nice. What should I see in {place}?", {"place": _PLACES}),
+    ("Can you say it again, slower?", {}), ("What's the first step?", {}), ("Thanks. One more tip?", {}),
+]
+# the voice server's default instructions (voice_app/settings.py): what its sessions send
+SERVER_SYSTEM_PROMPT = (
+    "You are a friendly voice assistant. Your words are spoken aloud, so answer in one or two "
+    "short, natural sentences. Never use lists, markdown, code, emoji or URLs."
+)
+
+
+def broad_voice_prompts(count: int, seed: int, exclude: set[str] = frozenset()) -> list[str]:
+    """`count` distinct user turns from both template sets (the broader one twice as often)."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    sanity = {q for q, _ in SANITY_QUESTIONS}
+    attempts = 0
+    while len(seen) < count and attempts < count * 50:
+        attempts += 1
+        text = _fill(rng, _BROAD_TEMPLATES if rng.random() < 2 / 3 else _TEMPLATES)
+        if text not in sanity and text not in exclude:
+            seen.add(text)
+    prompts = sorted(seen)
+    rng.shuffle(prompts)
+    return prompts
+
+
+def broad_conversation(prompt: str, rng: random.Random) -> list[dict]:
+    """A first turn under one of the system prompts voice clients send, or none."""
+    system = rng.choice([VOICE_SYSTEM_PROMPT, SERVER_SYSTEM_PROMPT, None])
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+
+
+def broad_follow_up(first: list[dict], reply: str, rng: random.Random) -> list[dict]:
+    """second_turn over the broader follow-ups."""
+    if rng.random() < 1 / 3 and len(reply.split()) > 4:
+        return second_turn(first, reply, rng)
+    return first + [{"role": "assistant", "content": reply}, {"role": "user", "content": _fill(rng, _BROAD_FOLLOW_UPS)}]

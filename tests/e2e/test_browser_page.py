@@ -216,3 +216,63 @@ def test_the_page_works_under_localhost_and_a_page_from_another_origin_cannot_co
             other.shutdown()
     finally:
         context.close()
+
+
+def test_the_level_meter_moves_while_the_fake_mic_speaks_and_the_timeline_shows_the_servers_figures(open_page) -> None:
+    page = open_page()
+    assert stats(page)["micLevelPeak"] == 0  # no microphone yet
+    ask_spoken_question(page)
+    assert stats(page)["micLevelPeak"] > 40  # the question came through the meter (dBFS scale)
+    assert page.get_attribute('[data-role="mic-level"]', "aria-valuenow") == "0"  # muted now
+    wait_for_reply_audio(page)
+    wait_for_state(page, "listening")
+    page.wait_for_function("window.voiceStats.lastTurnMetrics !== null", timeout=TURN_TIMEOUT_MS)
+    metrics = stats(page)["lastTurnMetrics"]
+    timeline = last(page, "turn-timeline")
+    assert timeline.is_visible()
+    for mark, key in (("transcriptMs", "speech_stopped_to_transcript_ms"),
+                      ("firstAudioMs", "speech_stopped_to_first_audio_ms"), ("doneMs", "speech_stopped_to_done_ms")):
+        assert timeline.evaluate(f"(element) => element.dataset.{mark}") == str(round(metrics[key])), mark
+    assert "first audio" in timeline.locator(".first-audio").get_attribute("title")
+    # tokens per pass is a pass's commits: at least one, whatever the mode the server runs
+    assert stats(page)["lastTokensPerForward"] >= 1.0
+
+
+def test_settings_reach_the_server_are_remembered_and_a_refusal_shows_its_reason(open_page) -> None:
+    page = open_page()
+    page.click('[data-role="settings"] summary')
+    page.select_option('[data-role="turn-detection"]', "semantic_vad")
+    page.select_option('[data-role="eagerness"]', "high")
+    page.fill('[data-role="instructions"]', "Answer like a pirate.")
+    page.click('[data-role="settings-form"] button[type="submit"]')
+    page.wait_for_function("window.voiceStats.session && window.voiceStats.session.audio.input.turn_detection"
+                           " && window.voiceStats.session.audio.input.turn_detection.type === 'semantic_vad'")
+    session = stats(page)["session"]
+    assert session["audio"]["input"]["turn_detection"]["eagerness"] == "high"
+    assert session["instructions"] == "Answer like a pirate."
+    assert "applied" in page.inner_text('[data-role="settings-status"]')
+
+    page.reload()  # a new session: the page sends what it remembered
+    page.wait_for_function("window.voiceStats && window.voiceStats.session && window.voiceStats.session.audio"
+                           ".input.turn_detection && window.voiceStats.session.audio.input.turn_detection.type"
+                           " === 'semantic_vad'")
+    assert page.input_value('[data-role="turn-detection"]') == "semantic_vad"
+
+    page.click('[data-role="settings"] summary')
+    page.evaluate("""() => {  // an eagerness the protocol does not have
+        const select = document.querySelector('[data-role="eagerness"]');
+        select.append(new Option('ludicrous', 'ludicrous', true, true));
+    }""")
+    page.click('[data-role="settings-form"] button[type="submit"]')
+    page.wait_for_function("document.querySelector('[data-role=\"settings-status\"]').textContent.startsWith('refused')")
+    assert "eagerness" in page.inner_text('[data-role="settings-status"]')
+    page.evaluate("localStorage.clear()")  # later tests start from the defaults
+
+
+def test_the_draft_toggle_hides_the_unsettled_tail(open_page) -> None:
+    page = open_page()
+    page.click('[data-role="settings"] summary')
+    page.uncheck('[data-role="show-drafts"]')
+    assert page.evaluate("document.body.dataset.showDrafts") == "false"
+    page.check('[data-role="show-drafts"]')
+    assert page.evaluate("document.body.dataset.showDrafts") == "true"

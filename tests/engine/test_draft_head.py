@@ -93,7 +93,10 @@ def _oracle(engine, replies: dict[str, list[int]], right: int):
 
     def draft(requests):
         out = []
-        for _, _, cache, first, position in requests:
+        for _, cache, first, position in requests:
+            if first is None:  # context only (a prefill chunk)
+                out.append(None)
+                continue
             request = next(r for r in engine.scheduler.live if r.decoder.cache is cache)
             decoder = request.decoder
             reply = replies[tuple(decoder.prompt_ids)]
@@ -181,3 +184,40 @@ def test_choose_block_times_each_block_and_decodes_with_the_best(tiny_gguf, tmp_
         assert plain.choose_block() is None  # no draft head: nothing to choose
     finally:
         plain.close()
+
+
+@pytest.mark.parametrize("mode", ["autoregressive", "diffusion"])
+def test_a_long_prompt_prefilled_in_chunks_gives_the_same_reply(tiny_gguf, tmp_path, mode):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    prompt = "Tell me a story about " + "a very long and winding road " * 6
+    params = GenerationParams(mode=mode, max_new_tokens=12, stop_at_eos=False)
+    replies = {}
+    for chunk in (0, 8):
+        engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefill_chunk=chunk,
+                        prefix_cache_entries=0)
+        try:
+            final = engine.generate(prompt, params)
+            replies[chunk] = final.token_ids
+            prompt_tokens = final.stats.prompt_tokens
+            passes = final.stats.forward_passes
+        finally:
+            engine.close()
+    assert prompt_tokens > 16 and replies[8] == replies[0]
+    assert passes >= -(-prompt_tokens // 8)  # the prompt took a pass per chunk
+
+
+def test_a_reply_keeps_stepping_while_another_request_prefills_a_long_prompt(tiny_gguf, tmp_path):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    engine = Engine(loaded, backend="torch", prefill_chunk=4, prefix_cache_entries=0)
+    try:
+        streaming = engine.submit("Hi", GenerationParams(mode="autoregressive", max_new_tokens=200, stop_at_eos=False))
+        next(iter(streaming))
+        long = engine.submit("word " * 40, GenerationParams(mode="autoregressive", max_new_tokens=1))
+        before = streaming.last.stats.forward_passes
+        final = long.result(timeout=60)
+        during = streaming.last.stats.forward_passes - before
+        streaming.cancel()
+        # every chunk pass of the long prompt also stepped the live reply
+        assert final.stats.forward_passes >= 10 and during >= final.stats.forward_passes - 1
+    finally:
+        engine.close()

@@ -367,3 +367,12 @@ def test_mode_auto_on_an_autoregressive_model_is_autoregressive(tiny_llama_dir):
         assert engine.generate("Hi", GenerationParams(mode="auto", max_new_tokens=3)).stats.new_tokens >= 1
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("max_new_tokens", [4, 200])  # ended by the length, or by EOS
+def test_an_ar_reply_commits_exactly_one_token_a_pass(engine, max_new_tokens):
+    """Every AR pass commits one token, the EOS that ends a reply included: 1.00 tokens a pass,
+    not the 0.94 that counting only the reply's words gave."""
+    final = engine.generate(PROMPTS[1], GenerationParams(mode="autoregressive", max_new_tokens=max_new_tokens))
+    assert final.stats.tokens_per_forward == 1.0
+    assert final.stats.committed_tokens == final.stats.new_tokens + (final.finish_reason == "stop")

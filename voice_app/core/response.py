@@ -162,6 +162,7 @@ class Response:
             "speech_stopped_to_transcript_ms": clock.ms(clock.speech_stopped_at, clock.transcript_at),
             "speech_stopped_to_first_draft_ms": clock.ms(clock.speech_stopped_at, clock.first_draft_at),
             "speech_stopped_to_first_audio_ms": clock.ms(clock.speech_stopped_at, clock.first_audio_at),
+            "speech_stopped_to_done_ms": clock.ms(clock.speech_stopped_at, clock.done_at),
             "barge_in_to_cleared_ms": clock.ms(clock.speech_started_at, clock.cleared_at),
             "tokens_per_forward": round(stats.tokens_per_forward, 3) if stats else None,
             "forward_passes": stats.forward_passes if stats else None,

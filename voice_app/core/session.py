@@ -408,6 +408,7 @@ class Session(ClientEvents):
     async def _end_response(self, response: Response, status: str, reason: str | None = None) -> None:
         if self._active is response:
             self._active = None
+        response.clock.done_at = response.clock.done_at or time.monotonic()
         for event in response_ended(response, status, reason):
             await self._send(event)
         await self._report_turn_metrics(response)

@@ -55,6 +55,7 @@ class TurnClock:
     first_audio_at: float | None = None
     speech_started_at: float | None = None  # of the speech that barged in
     cleared_at: float | None = None
+    done_at: float | None = None  # the reply's response.done
 
     def ms(self, start: float | None, end: float | None) -> float | None:
         return None if start is None or end is None else round((end - start) * 1000.0, 1)

@@ -12,7 +12,8 @@ from *end of speech sent* (the last frame holding the utterance's audio):
   (includes the server's end-of-turn silence wait, as a user would feel it)
 - eos_to_first_audio_ms: -> the reply's first `response.output_audio.delta`
 - eos_to_done_ms: -> the reply's `response.done`
-- barge_in_to_cleared_ms: speech start sent -> `output_audio_buffer.cleared` for the reply
+- barge_in_to_cleared_ms: the voice's start sent (the utterance's first frame, plus the near silence
+  that leads a synthesised clip) -> `output_audio_buffer.cleared` for the reply
   talked over; stale_audio_deltas counts that reply's audio deltas that came while it was cleared
   (after `output_audio_buffer.cleared`, before a resume's `output_audio_buffer.started`).
 """

@@ -63,6 +63,17 @@ class Microphone:
         await asyncio.gather(self._task, return_exceptions=True)
 
 
+def voice_onset_s(samples: np.ndarray, rate: int = WIRE_RATE, level: float = 0.01) -> float:
+    """Seconds into an utterance where its voice starts: the first 10 ms louder than -40 dBFS
+    (a synthesised clip leads with 40-70 ms of near silence)."""
+    window = rate // 100
+    audio = samples.astype(np.float32) / 32768.0
+    for start in range(0, max(0, len(audio) - window), window):
+        if float(np.sqrt(np.mean(audio[start:start + window] ** 2))) > level:
+            return start / rate
+    return 0.0
+
+
 @dataclass
 class TurnResult:
     session: int
@@ -222,8 +233,8 @@ class SimulatedUser:
         if talked_over is not None and turn.backchannel_after_ms is not None:
             await self._follow_backchannel(talked_over, mark, result, leave_playing)
             return
-        if talked_over is not None:
-            await self._measure_barge_in(talked_over, mark, speech_start, result)
+        if talked_over is not None:  # from where the voice starts, not the quiet that leads the clip
+            await self._measure_barge_in(talked_over, mark, speech_start + voice_onset_s(samples), result)
             await self._wait_done(talked_over, heard_out=False)
             result.stale_audio_deltas = audio_after_clear((e.event for e in self.conn.events[mark:]),
                                                           talked_over.response_id)

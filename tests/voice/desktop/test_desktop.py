@@ -32,8 +32,8 @@ DEBIAN_PACKAGES = "pulseaudio pulseaudio-utils libasound2-plugins libportaudio2"
 
 
 def engine_env() -> dict[str, str]:
-    """The default model once its adapter is trained; the AR base model until then."""
-    if (ROOT / "dllm_engine" / "adapters" / "smollm2-135m-bd.safetensors").is_file():
+    """The default model once its draft head is trained; the AR base model until then."""
+    if (ROOT / "dllm_engine" / "adapters" / "smollm2-135m-bd.draft-head.safetensors").is_file():
         return {}
     return {"VOICE_APP_ENGINE_MODEL": "smollm2-135m", "VOICE_APP_ENGINE_MODE": "autoregressive"}
 

@@ -25,8 +25,8 @@ turns:
 
 
 def engine_overrides() -> dict[str, str]:
-    """The default model once its adapter is trained; the AR base model until then."""
-    if (ROOT / "dllm_engine" / "adapters" / "smollm2-135m-bd.safetensors").is_file():
+    """The default model once its draft head is trained; the AR base model until then."""
+    if (ROOT / "dllm_engine" / "adapters" / "smollm2-135m-bd.draft-head.safetensors").is_file():
         return {}
     return {"engine_model": "smollm2-135m", "engine_mode": "autoregressive"}
 
