@@ -285,16 +285,22 @@ class BlockCausalDecoder(BlockDecoderBase):
             self._new_block()
 
 
-    def _slide(self) -> None:
-        """Move the block's settled prefix into the reply (and the next write), refill the window."""
+    def _settled_prefix(self) -> int:
+        """How many of the block's leading tokens are committed; one that is EOS ends the reply
+        there (finished, the block emptied, 0 returned)."""
         settled = 0
         while settled < len(self.block) and self.block[settled] != self.mask_id:
             if self.block[settled] in self.eos_ids:
                 self.reply.extend(self.block[:settled])
                 self.block, self.guesses = [], []
                 self.finish_reason = "stop"
-                return
+                return 0
             settled += 1
+        return settled
+
+    def _slide(self) -> None:
+        """Move the block's settled prefix into the reply (and the next write), refill the window."""
+        settled = self._settled_prefix()
         if not settled:
             return
         self.reply.extend(self.block[:settled])

@@ -60,14 +60,7 @@ class DraftHeadDecoder(BlockCausalDecoder):
     def _slide(self) -> None:
         """The committed prefix t_0 .. t_a into the reply; the right drafts' rows stay written, t_a
         is the next pass's first row, and the pass's verified rows become the head's context."""
-        settled = 0
-        while settled < len(self.block) and self.block[settled] != self.mask_id:
-            if self.block[settled] in self.eos_ids:
-                self.reply.extend(self.block[:settled])
-                self.block, self.guesses = [], []
-                self.finish_reason = "stop"
-                return
-            settled += 1
+        settled = self._settled_prefix()
         if not settled:
             return
         kept_drafts = settled - 1

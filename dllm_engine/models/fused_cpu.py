@@ -98,9 +98,13 @@ class FusedCpuModel:
         self.has_draft_head = bool(draft_vocab)
         if draft_vocab:
             self._build_draft_head(model, packed or {}, draft_vocab)
+        self._finish("the fused CPU model", activations, kernel)
+
+    def _finish(self, what: str, activations: str, kernel: str) -> None:
+        """Checks the assembled model and picks its arithmetic (repacking its blocks)."""
         problem = self._model.check()
         if problem:
-            raise ValueError(f"the fused CPU model is inconsistent: {problem}")
+            raise ValueError(f"{what} is inconsistent: {problem}")
         try:
             self._model.set_activations("fp32" if activations == "fp32" else kernel)
         except RuntimeError as exc:
@@ -237,14 +241,7 @@ class FusedDraftHead(FusedCpuModel):
         self._build_layers(head.layers, lambda i, name: head_blocks.get(f"layers.{i}.{names[name]}"))
         self.has_draft_head = True
         self._build_draft_head(target, target_packed, draft_vocab)
-        problem = self._model.check()
-        if problem:
-            raise ValueError(f"the fused draft head is inconsistent: {problem}")
-        try:
-            self._model.set_activations("fp32" if activations == "fp32" else kernel)
-        except RuntimeError as exc:
-            raise ValueError(str(exc)) from exc
-        self.activations, self.kernel = activations, self._model.activations()
+        self._finish("the fused draft head", activations, kernel)
 
     def _own(self, cache):
         return cache.view(self.first_layer, self.config.num_layers)

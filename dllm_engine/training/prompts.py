@@ -152,14 +152,18 @@ def _fill(rng: random.Random, templates: list) -> str:
 
 def voice_prompts(count: int, seed: int) -> list[str]:
     """`count` distinct user turns drawn from the templates with a seeded generator."""
-    rng = random.Random(seed)
+    return _distinct(count, random.Random(seed), lambda rng: _fill(rng, _TEMPLATES), frozenset())
+
+
+def _distinct(count: int, rng: random.Random, draw, exclude: frozenset[str] | set[str]) -> list[str]:
+    """Up to `count` distinct draws (never a sanity question or an excluded one), shuffled."""
     seen: set[str] = set()
     sanity = {q for q, _ in SANITY_QUESTIONS}
     attempts = 0
     while len(seen) < count and attempts < count * 50:
         attempts += 1
-        text = _fill(rng, _TEMPLATES)
-        if text not in sanity:
+        text = draw(rng)
+        if text not in sanity and text not in exclude:
             seen.add(text)
     prompts = sorted(seen)
     rng.shuffle(prompts)
@@ -261,18 +265,8 @@ SERVER_SYSTEM_PROMPT = (
 
 def broad_voice_prompts(count: int, seed: int, exclude: set[str] = frozenset()) -> list[str]:
     """`count` distinct user turns from both template sets (the broader one twice as often)."""
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    sanity = {q for q, _ in SANITY_QUESTIONS}
-    attempts = 0
-    while len(seen) < count and attempts < count * 50:
-        attempts += 1
-        text = _fill(rng, _BROAD_TEMPLATES if rng.random() < 2 / 3 else _TEMPLATES)
-        if text not in sanity and text not in exclude:
-            seen.add(text)
-    prompts = sorted(seen)
-    rng.shuffle(prompts)
-    return prompts
+    return _distinct(count, random.Random(seed),
+                     lambda rng: _fill(rng, _BROAD_TEMPLATES if rng.random() < 2 / 3 else _TEMPLATES), exclude)
 
 
 def broad_conversation(prompt: str, rng: random.Random) -> list[dict]:

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "int8.h"
+#include "int8_pack.h"
 #include "simd.h"
 
 namespace dllm {
@@ -24,32 +25,7 @@ constexpr int kRowsPerTile = 4;
 
 bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
-void pack(const Weight& w, PackedInt8& out) {
-  const int64_t blocks = w.cols / 32, groups = (w.rows + G - 1) / G;
-  const int64_t stride = w.type == kQ4_1 ? kQ41Bytes : kQ80Bytes;
-  out.type = w.type;
-  out.rows = w.rows;
-  out.cols = w.cols;
-  out.group = G;
-  out.bytes.assign(groups * blocks * stride, 0);
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t b = 0; b < blocks; ++b) {
-      uint8_t* dst = out.bytes.data() + (g * blocks + b) * stride;
-      for (int64_t c = 0; c < G && g * G + c < w.rows; ++c) {
-        const uint8_t* row = w.row(g * G + c);
-        if (w.type == kQ4_1) {
-          const auto& blk = reinterpret_cast<const BlockQ4_1*>(row)[b];
-          std::memcpy(dst + 2 * c, &blk.d, 2);
-          std::memcpy(dst + 16 + 2 * c, &blk.m, 2);
-          for (int v = 0; v < 4; ++v) std::memcpy(dst + 32 + 32 * v + 4 * c, blk.qs + 4 * v, 4);
-        } else {
-          const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
-          std::memcpy(dst + 2 * c, &blk.d, 2);
-          for (int v = 0; v < 8; ++v) std::memcpy(dst + 16 + 32 * v + 4 * c, blk.qs + 4 * v, 4);
-        }
-      }
-    }
-}
+void pack(const Weight& w, PackedInt8& out) { pack_interleaved<G, false>(w, out); }
 
 inline __m256i broadcast4(const int8_t* p) {
   int32_t v;

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "int8.h"
+#include "int8_pack.h"
 
 namespace dllm {
 namespace {
@@ -28,34 +29,7 @@ bool supported() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-void pack(const Weight& w, PackedInt8& out) {
-  const int64_t blocks = w.cols / 32, groups = (w.rows + G - 1) / G;
-  const int64_t stride = w.type == kQ4_1 ? kQ41Bytes : kQ80Bytes;
-  out.type = w.type;
-  out.rows = w.rows;
-  out.cols = w.cols;
-  out.group = G;
-  out.bytes.assign(groups * blocks * stride, 0);
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t b = 0; b < blocks; ++b) {
-      uint8_t* dst = out.bytes.data() + (g * blocks + b) * stride;
-      if (w.type == kQ8_0) std::memset(dst + 32, 128, 8 * 64);  // padding columns: weight 0
-      for (int64_t c = 0; c < G && g * G + c < w.rows; ++c) {
-        const uint8_t* row = w.row(g * G + c);
-        if (w.type == kQ4_1) {
-          const auto& blk = reinterpret_cast<const BlockQ4_1*>(row)[b];
-          std::memcpy(dst + 2 * c, &blk.d, 2);
-          std::memcpy(dst + 32 + 2 * c, &blk.m, 2);
-          for (int v = 0; v < 4; ++v) std::memcpy(dst + 64 + 64 * v + 4 * c, blk.qs + 4 * v, 4);
-        } else {
-          const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
-          std::memcpy(dst + 2 * c, &blk.d, 2);
-          for (int v = 0; v < 8; ++v)
-            for (int i = 0; i < 4; ++i) dst[32 + 64 * v + 4 * c + i] = uint8_t(int(blk.qs[4 * v + i]) + 128);
-        }
-      }
-    }
-}
+void pack(const Weight& w, PackedInt8& out) { pack_interleaved<G, true>(w, out); }
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")
