@@ -44,6 +44,7 @@ class Settings(BaseSettings):
     reply_deadline_s: float | None = Field(None, gt=0)
     whisper_model: str = Field(default_factory=default_whisper_model)
     whisper_compute_type: str = "int8"
+    whisper_final_beam: int = Field(3, ge=1, le=10)  # beam of a turn's final transcript (partials: greedy)
     # 1, not 2: CTranslate2 brings its own libgomp, and once its worker has a 2-thread OpenMP
     # team the engine's torch forward passes ran at half speed (CPU use 2.0 -> 1.1 cores, with
     # Whisper idle); tiny.en decodes 2.8 s of speech in 165 ms on one thread, 172 ms on two

@@ -82,7 +82,7 @@ class ScriptedTranscriber:
 
     def __init__(self, speech: ScriptedSpeech):
         self._speech = speech
-        self.finals = 0  # decodes that closed a turn (not reused from a partial)
+        self.finals = 0  # final-quality decodes (beam search): at a pause, or closing a turn
 
     async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
         await asyncio.sleep(0)  # a decode is never instant: the caller's loop turns over

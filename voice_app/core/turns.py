@@ -253,7 +253,7 @@ class Listener:
                 for turn_event in self._detector.idle(int(idle_s * 1000)):
                     await self._on_turn_event(turn_event)
 
-    async def _transcribe(self, turn: UserTurn, end: int) -> str:
+    async def _transcribe(self, turn: UserTurn, end: int, final: bool = False) -> str:
         """Transcribes the turn's audio up to `end`; remembered so the final transcript can
         reuse it. Shielded: a cancelled caller does not waste a decode another may need. Once the
         buffer no longer holds the turn's start (the turn ended and input went on), a decode
@@ -266,7 +266,7 @@ class Listener:
             return await asyncio.shield(same)
         audio = self._buffer.slice(turn.start_sample, end)
         started = time.monotonic()
-        task = self._start_decode(turn.padded(audio))
+        task = self._start_decode(turn.padded(audio), final=final)
         turn.transcriptions = turn.transcriptions[-3:] + [(end, task)]
         text = await asyncio.shield(task)
         log.debug("session %s: %.1f s of speech transcribed in %.0f ms: %r", self._session_id,
@@ -366,7 +366,7 @@ class Listener:
                 break
         if turn is not self.turn:
             return ""  # it ended meanwhile: the final transcript decodes its own audio
-        return await self._transcribe(turn, final_end)
+        return await self._transcribe(turn, final_end, final=True)  # the final transcript if the turn ends here
 
     def _start_decode(self, audio: np.ndarray, final: bool = False) -> asyncio.Task:
         task = asyncio.ensure_future(self._decode(audio, final))

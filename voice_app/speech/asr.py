@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from voice_app.speech.transcript_guard import collapse_repetitions, looks_failed
 from voice_app.speech.weights import verify_if_packaged
 from voice_app.speech.workers import PriorityPool
 
@@ -23,7 +24,9 @@ SAMPLE_RATE = 16000
 FULL_WINDOW_FRAMES = 3000  # Whisper's native 30 s encoder window (100 mel frames a second)
 MIN_WINDOW_FRAMES = 1000  # shorter windows than 10 s make tiny models loop; 10 s is safe
 WINDOW_STEP_FRAMES = 500
-NO_SPEECH_THRESHOLD = 0.6  # above this, the decode is Whisper's guess at silence: dropped
+NO_SPEECH_THRESHOLD = 0.6  # above this (and a low log-probability), the window is silence
+SILENT_LOG_PROB = -1.0  # faster-whisper's pair: no_speech_prob > 0.6 and avg log-prob < -1.0
+FALLBACK_TEMPERATURES = (0.4, 0.8)  # a final decode that looks failed is retried at these
 
 
 class Transcriber:
@@ -34,7 +37,8 @@ class Transcriber:
     short turn decodes several times faster with the same words.
     """
 
-    def __init__(self, model: str, compute_type: str = "int8", cpu_threads: int = 2, workers: int = 1):
+    def __init__(self, model: str, compute_type: str = "int8", cpu_threads: int = 2, workers: int = 1,
+                 final_beam: int = 3):
         from faster_whisper import WhisperModel
         from faster_whisper.tokenizer import Tokenizer
 
@@ -48,6 +52,7 @@ class Transcriber:
                               language="en" if multilingual else None)
         self._tokenizer = tokenizer
         self._prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+        self.final_beam = final_beam  # beam search for a turn's final transcript; partials stay greedy
         self._pool = PriorityPool(workers, "asr")
         self._workers = workers
         self._lock = threading.Lock()
@@ -64,16 +69,24 @@ class Transcriber:
         with self._lock:
             return self._queued >= self._workers
 
-    def transcribe_blocking(self, audio_16k: np.ndarray) -> str:
+    def transcribe_blocking(self, audio_16k: np.ndarray, final: bool = False) -> str:
+        """final: a turn's closing transcript: beam search, and faster-whisper's fallback to
+        sampling when the decode looks failed; every transcript loses a decoding loop's repeats."""
         features = self._model.feature_extractor(audio_16k)
         frames = features.shape[-1]
         if frames < 10:
             return ""
         if frames > FULL_WINDOW_FRAMES - 200:
-            return self._transcribe_long(audio_16k)
-        return self._decode_window(features, frames)
+            return collapse_repetitions(self._transcribe_long(audio_16k))
+        text, log_prob = self._decode_window(features, frames, self.final_beam if final else 1)
+        for temperature in FALLBACK_TEMPERATURES if final else ():
+            if not looks_failed(text, log_prob):
+                break
+            text, log_prob = self._decode_window(features, frames, 1, temperature)
+        return collapse_repetitions(text)
 
-    def _decode_window(self, features: np.ndarray, frames: int) -> str:
+    def _decode_window(self, features: np.ndarray, frames: int, beam: int = 1,
+                       temperature: float = 0.0) -> tuple[str, float | None]:
         """One greedy decode of a window just long enough for the utterance.
 
         Not `WhisperModel.transcribe`: it pads every segment to Whisper's 30 s window
@@ -91,13 +104,17 @@ class Transcriber:
         padded = np.zeros((1, features.shape[0], window), dtype=np.float32)
         padded[0, :, :frames] = features[:, :frames]
         seconds = frames / 100.0
+        sampling = {"sampling_temperature": temperature, "sampling_topk": 0} if temperature > 0 else {}
         result = self._model.model.generate(
-            ctranslate2.StorageView.from_array(padded), [self._prompt], beam_size=1,
-            max_length=int(16 + 8 * seconds), return_no_speech_prob=True,
+            ctranslate2.StorageView.from_array(padded), [self._prompt], beam_size=beam,
+            max_length=int(16 + 8 * seconds), return_no_speech_prob=True, return_scores=True, **sampling,
         )[0]
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD:
-            return ""
-        return self._tokenizer.decode(result.sequences_ids[0]).strip()
+        tokens = result.sequences_ids[0]
+        # ctranslate2's score: the sequence's log-probability normalised by its length
+        log_prob = float(result.scores[0]) if result.scores else None
+        if result.no_speech_prob > NO_SPEECH_THRESHOLD and (log_prob is None or log_prob < SILENT_LOG_PROB):
+            return "", log_prob
+        return self._tokenizer.decode(tokens).strip(), log_prob
 
     def _transcribe_long(self, audio_16k: np.ndarray) -> str:
         segments, _info = self._model.transcribe(
@@ -117,7 +134,7 @@ class Transcriber:
             def job() -> str:
                 log.debug("asr queue wait %.0f ms (%s)", (time.monotonic() - queued_at) * 1000,
                           "final" if final else "partial")
-                return self.transcribe_blocking(audio_16k)
+                return self.transcribe_blocking(audio_16k, final)
             return await asyncio.wrap_future(self._pool.submit(0.0 if final else 1.0, job))
         finally:
             with self._lock:

@@ -35,7 +35,7 @@ class LoadedModels:
 
             engine = DiffusionEngine.load(settings.engine_model, device=settings.engine_device)
         transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type,
-                                  settings.whisper_cpu_threads, settings.asr_workers)
+                                  settings.whisper_cpu_threads, settings.asr_workers, settings.whisper_final_beam)
         synthesizer = Synthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers)
         models = cls(engine, transcriber, synthesizer, SileroVad())
         models.warm_up(settings)
