@@ -13,7 +13,7 @@ import numpy as np
 from voice_app.core.models import Engine
 from voice_app.settings import Settings
 from voice_app.speech.asr import Transcriber
-from voice_app.speech.tts import Synthesizer
+from voice_app.speech.tts import HibariSynthesizer, PooledSynthesizer, Synthesizer
 from voice_app.speech.vad import SileroVad
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class LoadedModels:
     engine: Engine  # dllm_engine.engine.Engine
     transcriber: Transcriber
-    synthesizer: Synthesizer
+    synthesizer: PooledSynthesizer
     vad: SileroVad
 
     @classmethod
@@ -36,7 +36,8 @@ class LoadedModels:
             engine = DiffusionEngine.load(settings.engine_model, device=settings.engine_device)
         transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type,
                                   settings.whisper_cpu_threads, settings.asr_workers, settings.whisper_final_beam)
-        synthesizer = Synthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers)
+        synthesizer = (HibariSynthesizer(workers=settings.tts_workers) if settings.tts == "hibari"
+                       else Synthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers))
         models = cls(engine, transcriber, synthesizer, SileroVad())
         models.warm_up(settings)
         log.info("models loaded and warmed up in %.1f s: %s", time.monotonic() - started, models.describe())

@@ -1,4 +1,5 @@
-"""Streaming speech synthesis: Piper, one sentence at a time, resampled to the wire's 24 kHz.
+"""Streaming speech synthesis, one sentence at a time, at the wire's 24 kHz: Piper (the joe
+voice, the default) or hibari (a Kokoro voice distilled to 7.9 MB, `--tts hibari`).
 
 Synthesis runs on a few worker threads that take the most urgent sentence of all sessions first
 (`PriorityPool`, keyed by when the listener will need the audio). `live_jobs` counts sentences
@@ -21,14 +22,13 @@ from voice_app.speech.workers import PriorityPool
 log = logging.getLogger(__name__)
 
 
-class Synthesizer:
-    def __init__(self, voice_path: str, config_path: str | None = None, workers: int = 1):
-        from piper import PiperVoice
+class PooledSynthesizer:
+    """What every voice shares: the priority pool and the count of live jobs. A voice gives
+    `synthesize_blocking` and `voice_path`."""
 
-        verify_if_packaged(voice_path)
-        self.voice_path = voice_path
-        self._voice = PiperVoice.load(voice_path, config_path=config_path)
-        self.voice_rate = self._voice.config.sample_rate
+    voice_path = ""
+
+    def __init__(self, workers: int = 1):
         self._pool = PriorityPool(workers, "tts")
         self._lock = threading.Lock()
         self._live_jobs = 0
@@ -39,20 +39,7 @@ class Synthesizer:
             return self._live_jobs
 
     def synthesize_blocking(self, sentence: str, speed: float = 1.0, varied: bool = True) -> np.ndarray:
-        """One sentence -> PCM16 samples at 24 kHz (empty when nothing speakable).
-        `speed` > 1 speaks faster (Piper's phoneme length scale is its inverse). Piper draws
-        random noise for the voice and the phoneme lengths, so no two syntheses match; `varied`
-        False turns that off: the same text gives the same audio on every machine (test and
-        load-test utterances, where a random take once made Whisper hear "friends" for "France")."""
-        from piper.config import SynthesisConfig
-
-        config = SynthesisConfig(length_scale=None if speed == 1.0 else 1.0 / speed,
-                                 **({} if varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}))
-        chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(sentence, config)]
-        if not chunks:
-            return np.zeros(0, dtype=np.int16)
-        audio = np.concatenate(chunks)
-        return float_to_int16(resample(audio, self.voice_rate, WIRE_RATE))
+        raise NotImplementedError
 
     async def synthesize(self, sentence: str, speed: float = 1.0, needed_at: float | None = None) -> np.ndarray:
         """needed_at: when the listener will need this audio (time.monotonic(); default now):
@@ -80,3 +67,52 @@ class Synthesizer:
 
     def close(self) -> None:
         self._pool.shutdown()
+
+
+class Synthesizer(PooledSynthesizer):
+    """Piper."""
+
+    def __init__(self, voice_path: str, config_path: str | None = None, workers: int = 1):
+        from piper import PiperVoice
+
+        super().__init__(workers)
+        verify_if_packaged(voice_path)
+        self.voice_path = voice_path
+        self._voice = PiperVoice.load(voice_path, config_path=config_path)
+        self.voice_rate = self._voice.config.sample_rate
+
+    def synthesize_blocking(self, sentence: str, speed: float = 1.0, varied: bool = True) -> np.ndarray:
+        """One sentence -> PCM16 samples at 24 kHz (empty when nothing speakable).
+        `speed` > 1 speaks faster (Piper's phoneme length scale is its inverse). Piper draws
+        random noise for the voice and the phoneme lengths, so no two syntheses match; `varied`
+        False turns that off: the same text gives the same audio on every machine (test and
+        load-test utterances, where a random take once made Whisper hear "friends" for "France")."""
+        from piper.config import SynthesisConfig
+
+        config = SynthesisConfig(length_scale=None if speed == 1.0 else 1.0 / speed,
+                                 **({} if varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}))
+        chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(sentence, config)]
+        if not chunks:
+            return np.zeros(0, dtype=np.int16)
+        audio = np.concatenate(chunks)
+        return float_to_int16(resample(audio, self.voice_rate, WIRE_RATE))
+
+
+class HibariSynthesizer(PooledSynthesizer):
+    """hibari (PyPI hibari-tts, Apache-2.0): its default voice (heart), in the wheel."""
+
+    def __init__(self, voice: str = "heart", workers: int = 1):
+        from hibari import Hibari
+
+        super().__init__(workers)
+        self.voice_path = f"hibari:{voice}"
+        self._tts = Hibari() if voice == "heart" else Hibari(voice=voice)
+        self._lock_model = threading.Lock()  # one onnxruntime session: one synthesis at a time
+
+    def synthesize_blocking(self, sentence: str, speed: float = 1.0, varied: bool = True) -> np.ndarray:
+        """As Piper's: `varied` False fixes hibari's noise (seed 0), the same audio every time."""
+        if not sentence.strip(" .,!?;:-"):
+            return np.zeros(0, dtype=np.int16)
+        with self._lock_model:
+            audio = self._tts(sentence, speed=speed, **({} if varied else {"seed": 0}))
+        return float_to_int16(np.asarray(audio, dtype=np.float32))  # already 24 kHz
