@@ -32,7 +32,8 @@ from dllm_engine.loading.registry import ADAPTER_DIR  # noqa: E402
 from dllm_engine.models.draft_head import DraftHead, DraftHeadSpec, even_taps  # noqa: E402
 from dllm_engine.training.draft_export import export_draft_head, plot_acceptance  # noqa: E402
 from dllm_engine.training.draft_features import FeatureStore, extract  # noqa: E402
-from dllm_engine.training.draft_trainer import Batches, DraftTrainConfig, MixedBatches, train_draft_head  # noqa: E402
+from dllm_engine.training.draft_trainer import (Batches, DraftTrainConfig, MixedBatches, evaluate,  # noqa: E402
+                                               train_draft_head)
 from dllm_engine.training.trainer import draft_vocabulary  # noqa: E402
 
 NAME = "smollm2-135m-bd.draft-head"
@@ -101,6 +102,9 @@ def main() -> None:
         state = torch.load(args.run_dir / "draft_head.pt", weights_only=False)
         head.load_state_dict(state["head"])
         history, evals = state["history"], state["evals"]
+        if not evals or evals[-1]["step"] < state["step"]:  # trained on after its last measurement
+            evaluate(head, held, embed, vocab_weight, loaded.model.rope, config, evals, state["step"],
+                     state["seconds"], args.run_dir)
     else:
         history = train_draft_head(head, embed, vocab_weight, loaded.model.rope, train, held, config, args.run_dir)
         evals = json.loads((args.run_dir / "draft_evals.json").read_text())

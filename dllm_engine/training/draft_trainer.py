@@ -179,15 +179,11 @@ def train_draft_head(head: DraftHead, embed: torch.Tensor, vocab_weight: torch.T
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16)
     while step < config.max_steps and time.monotonic() - started < budget:
         if time.monotonic() - last_eval >= config.eval_every_s:
-            head.eval()
-            with autocast:
-                result = held_out_acceptance(head, held_out, embed, vocab_weight, rope)
-            evals.append({"step": step, "seconds": round(time.monotonic() - started, 1), **result})
-            (run_dir / "draft_evals.json").write_text(json.dumps(evals, indent=1))
+            result = evaluate(head, held_out, embed, vocab_weight, rope, config, evals, step,
+                              time.monotonic() - started, run_dir)
             bar.write(f"held-out at {evals[-1]['seconds'] / 60:.1f} min: {result['tokens_per_pass']} tokens a "
                       f"pass, by offset {result['by_offset']}")
             last_eval = time.monotonic()
-            head.train()
         elapsed = time.monotonic() - started
         lr = _schedule(step, elapsed / budget, config)
         for group in optimizer.param_groups:
@@ -200,16 +196,31 @@ def train_draft_head(head: DraftHead, embed: torch.Tensor, vocab_weight: torch.T
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         optimizer.step()
         step += 1
-        history.append({"step": step, "loss": float(loss), "lr": lr, "elapsed": round(time.monotonic() - started, 1),
+        value = float(loss.detach())
+        history.append({"step": step, "loss": value, "lr": lr, "elapsed": round(time.monotonic() - started, 1),
                         **{k: round(v, 4) for k, v in stats.items()}})
         bar.update(time.monotonic() - started - bar.n)
-        bar.set_postfix(step=step, loss=f"{float(loss):.3f}", first=f"{stats['first_right']:.2f}",
+        bar.set_postfix(step=step, loss=f"{value:.3f}", first=f"{stats['first_right']:.2f}",
                         kept=f"{stats['accepted']:.2f}")
         if step % config.checkpoint_every == 0:
             save()
     bar.close()
+    if not evals or evals[-1]["step"] < step:  # the head as shipped gets its own measurement
+        evaluate(head, held_out, embed, vocab_weight, rope, config, evals, step, time.monotonic() - started, run_dir)
     save()
     return history
+
+
+def evaluate(head: DraftHead, held_out: list[tuple[str, Batches, object]], embed, vocab_weight, rope,
+             config: DraftTrainConfig, evals: list[dict], step: int, seconds: float, run_dir: Path) -> dict:
+    """held_out_acceptance now, appended to `evals` and written to run_dir/draft_evals.json."""
+    head.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        result = held_out_acceptance(head, held_out, embed, vocab_weight, rope)
+    head.train()
+    evals.append({"step": step, "seconds": round(seconds, 1), **result})
+    (run_dir / "draft_evals.json").write_text(json.dumps(evals, indent=1))
+    return result
 
 
 def _schedule(step: int, progress: float, config: DraftTrainConfig) -> float:
