@@ -92,6 +92,9 @@ class RequestStats:
     committed_tokens: int = 0  # tokens the passes committed: new_tokens and an ending EOS
     forward_passes: int = 0  # passes this request took part in (prefill and cache writes included)
     denoise_steps: int = 0
+    # pass_commits[k]: passes that committed k tokens (a tuple: every update gets its own copy);
+    # with drafts checked, passes committing >= j + 1 tokens kept the draft at offset j
+    pass_commits: tuple[int, ...] = ()
     elapsed_s: float = 0.0
     first_token_s: float | None = None  # submit -> first committed token
     deadline_met: bool | None = None  # None when no deadline was given
@@ -100,6 +103,11 @@ class RequestStats:
     def tokens_per_forward(self) -> float:
         """Tokens a pass committed, on average (the EOS that ends a reply counts: an AR reply is 1.0)."""
         return self.committed_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    def count_pass(self, committed: int) -> None:
+        counts = list(self.pass_commits) + [0] * max(0, committed + 1 - len(self.pass_commits))
+        counts[committed] += 1
+        self.pass_commits = tuple(counts)
 
 
 @dataclass

@@ -154,6 +154,7 @@ class Scheduler:
         stats.forward_passes += 1
         stats.denoise_steps += 1
         stats.committed_tokens += committed
+        stats.count_pass(committed)
         request.committed_in_denoise += committed
         if stats.first_token_s is None and decoder.settled_ids():
             stats.first_token_s = self.clock() - request.submitted

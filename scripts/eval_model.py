@@ -40,6 +40,18 @@ def agreement(a: list[int], b: list[int]) -> float:
     return sum(x == y for x, y in zip(a, b)) / max(len(a), len(b))
 
 
+def kept_by_offset(finals: list) -> list[float]:
+    """Share of the passes that committed a token whose draft at offset j (1-based) was kept:
+    those that committed more than j tokens (the prefill's pass counts, with no drafts)."""
+    counts: list[int] = []
+    for final in finals:
+        for k, n in enumerate(final.stats.pass_commits):
+            counts += [0] * (k + 1 - len(counts))
+            counts[k] += n
+    deciding = sum(counts[1:])
+    return [round(sum(counts[j + 1:]) / max(1, deciding), 4) for j in range(1, len(counts) - 1)]
+
+
 def correct(answer: str, keywords: list[str]) -> bool:
     text = answer.lower()
     return any(k in text for k in keywords)
@@ -94,6 +106,7 @@ def main() -> None:
             "token_agreement": sum(agreement(a.token_ids, d.token_ids) for a, d in zip(ar_held, dif_held)) / len(held_out),
             "sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(dif_sanity, SANITY_QUESTIONS)) / len(sanity),
             "mean_reply_tokens": tokens / len(held_out),
+            "kept_by_offset": kept_by_offset(dif_held),
         }
         if not report["examples"]:
             report["examples"] = [{"prompt": prompts[i], "autoregressive": ar_held[i].committed_text,
@@ -102,11 +115,13 @@ def main() -> None:
     engine.close()
     print(json.dumps(report, indent=2))
     print(f"\nAR sanity accuracy: {report['ar_sanity_accuracy']:.0%}; AR tokens/forward {report['ar_tokens_per_forward']:.2f}\n")
-    print("| threshold | tokens/forward | exact match vs AR | token agreement | sanity accuracy | mean reply tokens |")
-    print("|---|---|---|---|---|---|")
+    print("| threshold | tokens/forward | exact match vs AR | token agreement | sanity accuracy | mean reply tokens | "
+          "draft kept by offset |")
+    print("|---|---|---|---|---|---|---|")
     for threshold, r in report["by_threshold"].items():
         print(f"| {threshold} | {r['tokens_per_forward']:.2f} | {r['exact_match']:.0%} | {r['token_agreement']:.0%} | "
-              f"{r['sanity_accuracy']:.0%} | {r['mean_reply_tokens']:.1f} |")
+              f"{r['sanity_accuracy']:.0%} | {r['mean_reply_tokens']:.1f} | "
+              f"{' / '.join(f'{v:.2f}' for v in r['kept_by_offset'])} |")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -125,6 +125,10 @@ def test_right_drafts_commit_several_tokens_a_pass_and_keep_the_reply_exact(tiny
             assert result.token_ids == replies[tuple(prompt_ids[prompt])]
             # a pass commits the target's token and every right draft: 1 prefill + the rest
             assert result.stats.forward_passes == 1 + -(-(24 - 1) // (right + 1))
+            # every pass after the prefill kept `right` drafts, but the last may have had fewer left
+            counts = result.stats.pass_commits
+            assert counts[1] >= 1 and sum(counts) == result.stats.forward_passes
+            assert sum(counts[right + 1:]) >= result.stats.forward_passes - 2
     finally:
         engine.close()
 
