@@ -177,9 +177,10 @@ def pass_costs(engine, sizes=PASS_SIZES, context: int = 200, repeats: int = 10) 
     verify pass: n causal rows; with a LoRA drafter: one cache-write row and n - 1 drafted rows
     with the adapter on), and the head on every row."""
     runner, config = engine._runner, engine.config
+    context = max(1, min(context, config.max_position_embeddings - max(sizes) - 1))  # a small model's context
     cache = KVCache(config, context + max(sizes) + 1, engine.cache_dtype, engine.device)
     mask = config.mask_token_id if config.mask_token_id is not None else 0
-    filler = torch.arange(context) % 1000 + 100
+    filler = (torch.arange(context) % 1000 + 100) % config.vocab_size
     runner.pass_.forward([Segment(filler, 0, cache, context)], [context - 1])
     results = []
     for n in sizes:
@@ -275,6 +276,8 @@ def run_bench(args) -> int:
     modes = ["diffusion", "autoregressive"] if engine.config.is_diffusion else ["autoregressive"]
     threads = torch.get_num_threads()
     try:
+        # a draft head's block, as the server chooses it: by the measured cost of each block
+        blocks = engine.choose_block() if args.block_size is None else None
         results = {m: measure(engine, m, prompts, args.max_new_tokens, args.block_size, args.threshold, levels)
                    for m in modes}
         costs = bandwidth = fma = int8 = None
@@ -303,7 +306,7 @@ def run_bench(args) -> int:
         "threshold": args.threshold if args.threshold is not None else "exact",
         "prompts": len(prompts), "results": results, "pass_costs": costs,
         "read_bandwidth_gbs": bandwidth if costs else None, "fma_gmacs": fma if costs else None,
-        "int8_gmacs": int8,
+        "int8_gmacs": int8, "draft_blocks": blocks,
     }
     if costs:
         # rows that ride free while the weights stream: multiply-adds a second times the bytes
@@ -359,6 +362,15 @@ def format_table(report: dict) -> str:
                        ("best_vs_llamacpp_speed", "best mode / llama.cpp speed")):
         if key in report:
             lines.append(f"- {label}: **{report[key]:.2f}x**")
+    if report.get("draft_blocks"):
+        rows = report["draft_blocks"]["blocks"]
+        lines += ["", f"The draft head's block, chosen by a timed decoding step (verify pass + head step, one "
+                  f"request, 128-token context) and the head's held-out acceptance: **{report['draft_blocks']['chosen']}**",
+                  "", "| block (exact token + drafts) | " + " | ".join(str(r["block"]) for r in rows) + " |",
+                  "|---" * (1 + len(rows)) + "|",
+                  "| ms per step | " + " | ".join(f"{r['ms']:.1f}" for r in rows) + " |",
+                  "| tokens per pass (held-out) | " + " | ".join(f"{r['tokens_per_pass']:.2f}" for r in rows) + " |",
+                  "| tokens per second | " + " | ".join(f"{r['tokens_per_s']:.0f}" for r in rows) + " |"]
     if report.get("pass_costs"):
         costs = report["pass_costs"]
         lines += ["", "One pass by the rows it carries (a verify pass: causal rows; head on every row), "

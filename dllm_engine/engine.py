@@ -257,7 +257,7 @@ class Engine:
         head = self.loaded.draft_head
         cache = KVCache(self.config, context + rows + head.spec.block_size + 1, self.cache_dtype, self.device,
                         extra_layers=head.cache_layers)
-        filler = (torch.arange(context) % 1000 + 100).tolist()
+        filler = ((torch.arange(context) % 1000 + 100) % self.config.vocab_size).tolist()
         plan = StepPlan([Segment(torch.tensor(filler), 0, cache, context, "causal")], [Target(0, context - 1, 0)],
                         tap_rows=list(range(context)))
         self._runner.run([plan], [(0.0, None)])
