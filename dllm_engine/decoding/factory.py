@@ -36,11 +36,13 @@ def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams
     config = loaded.config
     diffusion = params.mode == "diffusion"
     block = decode_block(loaded, params)
-    total = len(ids) + params.max_new_tokens + block + 1
+    head = loaded.draft_head if diffusion else None
+    # the head drafts its whole block (whatever the decode block) from the last verified position
+    overhang = max(block, head.spec.block_size) if head is not None else block
+    total = len(ids) + params.max_new_tokens + overhang + 1
     if total > config.max_position_embeddings:
         raise EngineError(f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
                           f"model's context of {config.max_position_embeddings} tokens")
-    head = loaded.draft_head if diffusion else None
     cache = KVCache(config, total, cache_dtype, device, allocate=False,  # allocated on the scheduler thread
                     extra_layers=head.cache_layers if head is not None else 0)
     family = FAMILIES.get(config.family)

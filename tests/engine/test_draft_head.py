@@ -30,10 +30,10 @@ def tiny_gguf(tmp_path_factory, tiny_tokenizer):
     return path
 
 
-def with_random_head(path, tmp_path, seed: int = 0):
+def with_random_head(path, tmp_path, seed: int = 0, block: int = BLOCK):
     """The tiny model with a random draft head, written to a file and attached as users do."""
     loaded = load_model(str(path), dtype=torch.float32)
-    head = DraftHead(loaded.config, DraftHeadSpec(taps=(0, 1), layers=2, block_size=BLOCK))
+    head = DraftHead(loaded.config, DraftHeadSpec(taps=(0, 1), layers=2, block_size=block))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in head.parameters():
@@ -157,6 +157,20 @@ def test_a_draft_block_larger_than_the_head_was_trained_for_is_refused(tiny_gguf
     try:
         with pytest.raises(EngineError, match="block_size must be in 2..4"):
             engine.submit("Hi", GenerationParams(mode="diffusion", block_size=8))
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused"])
+def test_a_decode_block_smaller_than_the_heads_decodes_to_the_last_token(tiny_gguf, tmp_path, backend):
+    if backend == "fused" and cpu.available() is not None:
+        pytest.skip(f"the fused CPU pass cannot run here: {cpu.available()}")
+    engine = Engine(with_random_head(tiny_gguf, tmp_path, block=8), backend=backend)
+    try:  # the head drafts its whole block of 8 from the last exact token, past the reply's end
+        params = dict(max_new_tokens=20, stop_at_eos=False)
+        ar = engine.generate("Hello there!", GenerationParams(mode="autoregressive", **params))
+        drafted = engine.generate("Hello there!", GenerationParams(mode="diffusion", block_size=2, **params))
+        assert drafted.token_ids == ar.token_ids and len(ar.token_ids) == 20
     finally:
         engine.close()
 
