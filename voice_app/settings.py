@@ -27,6 +27,10 @@ def default_piper_voice() -> str:
     return str(PIPER_JOE.load_module().model_path())
 
 
+# the voices a session may ask for by name (session.update's audio.output.voice), by engine
+VOICES = {"joe": "piper", "heart": "hibari"}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VOICE_APP_", env_file=".env", extra="ignore")
 
@@ -103,6 +107,11 @@ class Settings(BaseSettings):
     # reply stays in progress while it plays, so it can be paused and resumed
     audio_lead_ms: int = Field(1500, ge=0, le=600000)
     speculative_tts: bool = True  # synthesize a speculative draft's first sentences early
+
+    @property
+    def default_voice(self) -> str:
+        """The name of the voice settings.tts speaks with."""
+        return next(name for name, engine in VOICES.items() if engine == self.tts)
 
     @field_validator("allowed_origins", "allowed_hosts", mode="before")
     @classmethod

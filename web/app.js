@@ -114,6 +114,7 @@ class VoicePage {
     });
     $("show-drafts").addEventListener("change", () => this.showDrafts($("show-drafts").checked));
     this.fillSettingsForm();
+    this.loadVoices();
     this.showDrafts(this.settings.showDrafts);
     document.addEventListener("keydown", (event) => {
       if (event.key === "Escape") this.stopAssistant();
@@ -212,6 +213,23 @@ class VoicePage {
     this.connection.send({ type: "session.update", session: sessionConfig(this.settings) });
   }
 
+  // The server's voices come from /healthz (models.voices); the session's own is listed too.
+  async loadVoices() {
+    try {
+      const health = await (await fetch("/healthz")).json();
+      this.serverVoices = String((health.models && health.models.voices) || "").split(",").filter(Boolean);
+    } catch {
+      this.serverVoices = [];
+    }
+    this.fillVoices();
+  }
+
+  fillVoices() {
+    const chosen = this.sessionVoice || this.settings.voice;
+    const names = new Set([...(this.serverVoices || []), this.sessionVoice, this.settings.voice].filter(Boolean));
+    $("voice").replaceChildren(...[...names].map((name) => new Option(name, name, false, name === chosen)));
+  }
+
   showDrafts(on) {
     document.body.dataset.showDrafts = String(on);
   }
@@ -221,9 +239,8 @@ class VoicePage {
     voiceStats.session = session;
     voiceStats.sessionId = session.id || voiceStats.sessionId;
     const voice = session.audio && session.audio.output && session.audio.output.voice;
-    const select = $("voice");
-    const voices = new Set([voice, this.settings.voice].filter(Boolean));
-    select.replaceChildren(...[...voices].map((name) => new Option(name, name, false, name === voice)));
+    this.sessionVoice = voice;
+    this.fillVoices();
     if (event.type === "session.updated" && this.settingsPending) {
       this.settingsPending = false;
       const detection = session.audio && session.audio.input && session.audio.input.turn_detection;
@@ -527,7 +544,10 @@ class VoicePage {
     const error = event.error || {};
     const where = error.param ? ` (${error.param})` : "";
     const message = `${error.message || "The server reported an error."}${where}`;
-    if (this.settingsPending) $("settings-status").textContent = `refused: ${message}`;
+    if (this.settingsPending) {  // the session.updated that follows a refusal must not read "applied"
+      this.settingsPending = false;
+      $("settings-status").textContent = `refused: ${message}`;
+    }
     voiceStats.errors.push(message);
     this.showError(message);
     // A turn the server refused to answer will not produce a reply to wait for.

@@ -303,6 +303,14 @@ class ScriptedModels:
     speech: ScriptedSpeech = field(default_factory=ScriptedSpeech)
     synthesizer: ScriptedSynthesizer = field(default_factory=ScriptedSynthesizer)
     vad: ScriptedVad = field(default_factory=ScriptedVad)
+    voices: dict = field(default_factory=dict)  # other voices by name; any other name: `synthesizer`
 
     def __post_init__(self) -> None:
         self.transcriber = ScriptedTranscriber(self.speech)
+
+    def voice(self, name: str):
+        return self.voices.get(name, self.synthesizer)
+
+    @property
+    def tts_live_jobs(self) -> int:
+        return self.synthesizer.live_jobs + sum(v.live_jobs for v in self.voices.values())

@@ -65,5 +65,13 @@ class Models(Protocol):
 
     engine: Engine
     transcriber: Transcriber
-    synthesizer: Synthesizer
+    synthesizer: Synthesizer  # the server's default voice
     vad: Vad
+
+    def voice(self, name: str) -> Synthesizer:
+        """The synthesizer of the voice called `name`; the default one for a name the server
+        has no voice for (OpenAI clients send theirs: "alloy", "marin", ...)."""
+
+    @property
+    def tts_live_jobs(self) -> int:
+        """Sentences being synthesised, all voices together."""

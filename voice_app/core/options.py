@@ -79,7 +79,7 @@ class SessionOptions:
     @classmethod
     def from_settings(cls, settings: Settings) -> "SessionOptions":
         return cls(instructions=settings.instructions, max_output_tokens=settings.max_new_tokens,
-                   unlimited_output_tokens=settings.max_new_tokens,
+                   unlimited_output_tokens=settings.max_new_tokens, voice=settings.default_voice,
                    output_tokens_cap=min(settings.max_output_tokens_cap, MAX_OUTPUT_TOKENS),
                    turn_detection=TurnDetection(type=settings.turn_detection, eagerness=settings.eagerness,
                                                 threshold=settings.vad_threshold,

@@ -308,7 +308,7 @@ class Session(ClientEvents):
         handle = await self._submit(messages, reply_tokens, params, event_id)
         try:
             response = Response(handle=handle, source_text=source_text or messages[-1]["content"],
-                                audio_out=audio_out, synthesizer=self.models.synthesizer,
+                                audio_out=audio_out, synthesizer=self.models.voice(self.options.voice),
                                 speculative_tts=self.settings.speculative_tts, speed=self.options.speed,
                                 inactivity_timeout_s=self.settings.response_inactivity_timeout_s,
                                 audio_lead_ms=self.settings.audio_lead_ms)

@@ -62,7 +62,7 @@ class VoiceServer:
         self.metrics.add_gauge("voice_engine_live_requests", "Engine requests in flight",
                                lambda: getattr(models.engine, "live_requests", 0))
         self.metrics.add_gauge("voice_tts_live_jobs", "Sentences being synthesised",
-                               lambda: models.synthesizer.live_jobs)
+                               lambda: models.tts_live_jobs)
         self.metrics.add_gauge("voice_asr_live_jobs", "Transcriptions queued or running",
                                lambda: getattr(models.transcriber, "live_jobs", 0))
         self.metrics.add_gauge("voice_engine_alive", "1 while the engine's scheduler runs",
@@ -112,7 +112,7 @@ class VoiceServer:
             "live_sessions": len(self.sessions),
             "max_sessions": self.settings.max_sessions,
             "engine_live_requests": getattr(self.models.engine, "live_requests", 0),
-            "tts_live_jobs": self.models.synthesizer.live_jobs,
+            "tts_live_jobs": self.models.tts_live_jobs,
             "asr_live_jobs": getattr(self.models.transcriber, "live_jobs", 0),
             "event_loop_lag_ms": round(self.loop_lag.recent_max_ms(), 1),
         }, status_code=200 if engine["alive"] else 503)

@@ -186,6 +186,9 @@ async def test_x_events_go_only_to_a_client_that_asks():
         await log.wait_for(is_done())
         await log.wait_for(lambda e: e["type"] == "x_turn.metrics", timeout=2) if asked else None
         x_types = {e["type"] for e in log.events if e["type"].startswith("x_")}
-        # (audio sent faster than real time leaves no time for partials)
-        assert x_types == ({"x_response.draft", "x_turn.metrics"} if asked else set()), x_types
+        if asked:  # a partial transcript comes only if a partial decode got its turn (busy cores)
+            assert {"x_response.draft", "x_turn.metrics"} <= x_types <= {
+                "x_response.draft", "x_turn.metrics", "x_input_audio_transcription.partial"}, x_types
+        else:
+            assert x_types == set(), x_types
         await session.close()

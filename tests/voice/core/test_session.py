@@ -229,6 +229,26 @@ async def test_session_update_changes_only_what_it_names_and_a_refused_setting_o
     await session.close()
 
 
+async def test_the_voice_a_session_asks_for_speaks_its_replies_and_an_unknown_one_gets_the_default():
+    from ..fakes import ScriptedSynthesizer
+
+    heart = ScriptedSynthesizer()
+    session, log, models = make_session(ScriptedModels(voices={"heart": heart}))
+    await session.start()
+    assert session.options.voice == "joe"  # settings.tts: piper
+    for voice, speaker in (("heart", heart), ("alloy", models.synthesizer)):
+        await session.handle_text(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"output": {"voice": voice}}}}))
+        assert log.of_type("session.updated")[-1]["session"]["audio"]["output"]["voice"] == voice
+        spoken, mark = len(speaker.sentences), len(log.events)
+        await session.handle_text(text_turn(QUESTION))
+        await session.handle_text(json.dumps({"type": "response.create"}))
+        await log.wait_for(is_done(), start=mark)
+        assert len(speaker.sentences) > spoken
+    assert heart.sentences and models.synthesizer.sentences
+    await session.close()
+
+
 async def test_response_lifecycle_errors():
     models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: LONG_REPLY, hold_after_words=4))
     session, log, _ = make_session(models)

@@ -222,7 +222,7 @@ async def test_browser_style_subprotocols_are_accepted(voice_server):
 
 async def test_healthz_metrics_and_the_web_page(voice_server):
     state = health(voice_server)
-    assert state["ok"] is True and set(state["models"]) == {"engine", "asr", "tts", "vad"}
+    assert state["ok"] is True and set(state["models"]) == {"engine", "asr", "tts", "voices", "vad"}
     assert "live_sessions" in state
     status, text = http_get(voice_server.base_url + "/metrics")
     assert status == 200
