@@ -206,24 +206,30 @@ class Engine:
     def generate(self, prompt: str | list[dict], params: GenerationParams | None = None) -> DraftUpdate:
         return self.submit(prompt, params).result()
 
-    def choose_mode(self, params: GenerationParams | None = None, new_tokens: int = 32) -> dict[str, float]:
-        """Times one greedy reply in each mode on this machine (with `params`' other settings)
+    def choose_mode(self, params: GenerationParams | None = None, new_tokens: int = 32,
+                    rounds: int = 3) -> dict[str, float]:
+        """Times greedy replies in each mode on this machine (with `params`' other settings)
         and makes the faster one what mode="auto" runs; returns tokens/s per mode. Exact
         diffusion gives the AR reply's words, so only speed decides: several tokens a pass win
         where a pass over a block costs not much more than a one-token pass, and lose where the
-        cost grows with the rows (docs/benchmarks.md has the curves per machine). Call it on an
-        idle engine: the timing is the whole measurement."""
+        cost grows with the rows (docs/benchmarks.md has the curves per machine). The rounds
+        alternate the modes and each keeps its best, so a burst of load from another process
+        slows one reply, not one mode. Call it on an idle engine."""
         if not self.config.is_diffusion:
             return {}
         self.choose_block()  # a draft head's block first: it decides what diffusion's speed is
         template = dataclasses.replace(params or GenerationParams(), stop_at_eos=False, background=False)
         prompt = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
-        speeds: dict[str, float] = {}
-        for mode in ("autoregressive", "diffusion"):
-            self.generate(prompt, dataclasses.replace(template, mode=mode, max_new_tokens=4))  # warm, and cache the prompt
-            started = time.perf_counter()
-            update = self.generate(prompt, dataclasses.replace(template, mode=mode, max_new_tokens=new_tokens))
-            speeds[mode] = update.stats.new_tokens / max(time.perf_counter() - started, 1e-9)
+        modes = ("autoregressive", "diffusion")
+        for mode in modes:  # warm, and cache the prompt
+            self.generate(prompt, dataclasses.replace(template, mode=mode, max_new_tokens=4))
+        speeds = {mode: 0.0 for mode in modes}
+        for _ in range(rounds):
+            for mode in modes:
+                started = time.perf_counter()
+                update = self.generate(prompt, dataclasses.replace(template, mode=mode, max_new_tokens=new_tokens))
+                rate = update.stats.new_tokens / max(time.perf_counter() - started, 1e-9)
+                speeds[mode] = max(speeds[mode], rate)
         self.auto_mode = max(speeds, key=lambda mode: speeds[mode])
         log.info("mode='auto' runs %s on this machine (%s)", self.auto_mode,
                  ", ".join(f"{mode} {rate:.1f} tokens/s" for mode, rate in speeds.items()))
@@ -239,8 +245,8 @@ class Engine:
         kept = (self.loaded.draft_head_meta.get("held_out") or {}).get("by_offset")
         if head is None or not kept:
             return None
-        costs = self._on_scheduler(lambda: [self._step_seconds(1 + k, context, repeats)
-                                            for k in range(1, head.spec.block_size)])
+        rows = [1 + k for k in range(1, head.spec.block_size)]
+        costs = self._on_scheduler(lambda: self._step_seconds(rows, context, repeats))
         table = []
         for drafts, seconds in enumerate(costs, start=1):
             tokens = 1 + sum(kept[:drafts])
@@ -252,24 +258,31 @@ class Engine:
                  ", ".join(f"{r['block']}: {r['tokens_per_s']} tokens/s" for r in table))
         return {"chosen": best["block"], "blocks": table}
 
-    def _step_seconds(self, rows: int, context: int, repeats: int) -> float:
-        """Median seconds of one draft-head decoding step with `rows` verify rows."""
+    def _step_seconds(self, row_counts: list[int], context: int, repeats: int) -> list[float]:
+        """Seconds of one draft-head decoding step for each count of verify rows: the fastest of
+        `repeats` rounds, each round timing every count once (a burst of another process's load
+        then lands on one round, not on one count)."""
         head = self.loaded.draft_head
-        cache = KVCache(self.config, context + rows + head.spec.block_size + 1, self.cache_dtype, self.device,
-                        extra_layers=head.cache_layers)
         filler = ((torch.arange(context) % 1000 + 100) % self.config.vocab_size).tolist()
-        plan = StepPlan([Segment(torch.tensor(filler), 0, cache, context, "causal")], [Target(0, context - 1, 0)],
-                        tap_rows=list(range(context)))
-        self._runner.run([plan], [(0.0, None)])
-        times = []
-        for _ in range(repeats + 1):
-            plan = StepPlan([Segment(torch.arange(rows) + 42, context, cache, context + rows, "causal")],
-                            [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
-            started = time.perf_counter()
+        caches = []
+        for rows in row_counts:
+            cache = KVCache(self.config, context + rows + head.spec.block_size + 1, self.cache_dtype, self.device,
+                            extra_layers=head.cache_layers)
+            plan = StepPlan([Segment(torch.tensor(filler), 0, cache, context, "causal")], [Target(0, context - 1, 0)],
+                            tap_rows=list(range(context)))
             self._runner.run([plan], [(0.0, None)])
-            self._runner.draft([([(plan.taps, context)], cache, 42, context)])
-            times.append(time.perf_counter() - started)
-        return sorted(times[1:])[len(times[1:]) // 2]
+            caches.append(cache)
+        best = [float("inf")] * len(row_counts)
+        for round_ in range(repeats + 1):  # the first round warms up
+            for index, (rows, cache) in enumerate(zip(row_counts, caches)):
+                plan = StepPlan([Segment(torch.arange(rows) + 42, context, cache, context + rows, "causal")],
+                                [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
+                started = time.perf_counter()
+                self._runner.run([plan], [(0.0, None)])
+                self._runner.draft([([(plan.taps, context)], cache, 42, context)])
+                if round_:
+                    best[index] = min(best[index], time.perf_counter() - started)
+        return best
 
     def _on_scheduler(self, function):
         """function() between two steps of the scheduler thread (the runner is that thread's)."""
