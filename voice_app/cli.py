@@ -28,7 +28,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reply-deadline-s", type=float,
                         help="time budget for a whole reply; the engine commits more tokens a step when late")
     parser.add_argument("--whisper-model", help="faster-whisper model name or CTranslate2 directory")
-    parser.add_argument("--tts", choices=["piper", "hibari"], help="the voice engine (default: piper)")
+    parser.add_argument("--tts", choices=["piper", "hibari"], help="the voice engine (default: hibari)")
     parser.add_argument("--piper-voice", help="Piper voice .onnx file")
     parser.add_argument("--instructions", help="the default instructions (spoken-style system prompt)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")

@@ -54,7 +54,9 @@ class Settings(BaseSettings):
     # Whisper idle); tiny.en decodes 2.8 s of speech in 165 ms on one thread, 172 ms on two
     whisper_cpu_threads: int = Field(1, ge=1)
     asr_workers: int = Field(1, ge=1, le=16)
-    tts: Literal["piper", "hibari"] = "piper"  # the voice engine (docs/benchmarks.md compares them)
+    # the voice engine: hibari is 4x sooner to a sentence's audio than Piper joe for a tenth of
+    # the CPU, and Whisper hears it as well or better (docs/benchmarks.md, scripts/eval_tts.py)
+    tts: Literal["piper", "hibari"] = "hibari"
     piper_voice: str = Field(default_factory=default_piper_voice)
     piper_config: str | None = None  # None: the voice file's path + ".json"
     tts_workers: int = Field(1, ge=1, le=16)

@@ -247,14 +247,14 @@ def test_settings_reach_the_server_are_remembered_and_a_refusal_shows_its_reason
     page.select_option('[data-role="eagerness"]', "high")
     page.fill('[data-role="instructions"]', "Answer like a pirate.")
     page.wait_for_function("document.querySelectorAll('[data-role=\"voice\"] option').length >= 2")
-    page.select_option('[data-role="voice"]', "heart")  # the server's second voice (hibari)
+    page.select_option('[data-role="voice"]', "joe")  # the server's other voice (Piper; hibari's is the default)
     page.click('[data-role="settings-form"] button[type="submit"]')
     page.wait_for_function("window.voiceStats.session && window.voiceStats.session.audio.input.turn_detection"
                            " && window.voiceStats.session.audio.input.turn_detection.type === 'semantic_vad'")
     session = stats(page)["session"]
     assert session["audio"]["input"]["turn_detection"]["eagerness"] == "high"
     assert session["instructions"] == "Answer like a pirate."
-    assert session["audio"]["output"]["voice"] == "heart"
+    assert session["audio"]["output"]["voice"] == "joe"
     assert "applied" in page.inner_text('[data-role="settings-status"]')
 
     page.reload()  # a new session: the page sends what it remembered

@@ -70,7 +70,7 @@ class SessionOptions:
     max_output_tokens: int
     unlimited_output_tokens: int  # what max_output_tokens "inf" means: the server's default
     output_tokens_cap: int = MAX_OUTPUT_TOKENS  # the most a client may ask for (the operator's setting)
-    voice: str = "joe"
+    voice: str = "heart"  # from_settings: the server's default voice
     speed: float = 1.0
     audio_out: bool = True  # output_modalities ["audio"] (spoken, with a transcript) or ["text"]
     audio_format: dict[str, Any] = field(default_factory=lambda: {"type": "audio/pcm", "rate": WIRE_RATE})

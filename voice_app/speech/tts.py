@@ -1,5 +1,5 @@
-"""Streaming speech synthesis, one sentence at a time, at the wire's 24 kHz: Piper (the joe
-voice, the default) or hibari (a Kokoro voice distilled to 7.9 MB, `--tts hibari`).
+"""Streaming speech synthesis, one sentence at a time, at the wire's 24 kHz: hibari (a Kokoro
+voice distilled to 7.9 MB, the default, voice "heart") or Piper (the joe voice, `--tts piper`).
 
 Synthesis runs on a few worker threads that take the most urgent sentence of all sessions first
 (`PriorityPool`, keyed by when the listener will need the audio). `live_jobs` counts sentences

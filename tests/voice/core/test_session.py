@@ -232,11 +232,11 @@ async def test_session_update_changes_only_what_it_names_and_a_refused_setting_o
 async def test_the_voice_a_session_asks_for_speaks_its_replies_and_an_unknown_one_gets_the_default():
     from ..fakes import ScriptedSynthesizer
 
-    heart = ScriptedSynthesizer()
-    session, log, models = make_session(ScriptedModels(voices={"heart": heart}))
+    joe = ScriptedSynthesizer()
+    session, log, models = make_session(ScriptedModels(voices={"joe": joe}))
     await session.start()
-    assert session.options.voice == "joe"  # settings.tts: piper
-    for voice, speaker in (("heart", heart), ("alloy", models.synthesizer)):
+    assert session.options.voice == "heart"  # settings.tts: hibari
+    for voice, speaker in (("joe", joe), ("alloy", models.synthesizer)):
         await session.handle_text(json.dumps({"type": "session.update", "session": {
             "type": "realtime", "audio": {"output": {"voice": voice}}}}))
         assert log.of_type("session.updated")[-1]["session"]["audio"]["output"]["voice"] == voice
@@ -245,7 +245,7 @@ async def test_the_voice_a_session_asks_for_speaks_its_replies_and_an_unknown_on
         await session.handle_text(json.dumps({"type": "response.create"}))
         await log.wait_for(is_done(), start=mark)
         assert len(speaker.sentences) > spoken
-    assert heart.sentences and models.synthesizer.sentences
+    assert joe.sentences and models.synthesizer.sentences
     await session.close()
 
 
