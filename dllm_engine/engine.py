@@ -46,8 +46,10 @@ __all__ = ["BACKGROUND_EVERY", "DTYPES", "Engine", "resolve_device", "resolve_dt
 
 TRIM_EVERY_S = 5.0  # an idle engine hands freed memory back at most this often
 # prompt tokens a request prefills in one pass: a longer prompt takes several passes, so the
-# replies batched with it wait for one chunk (~0.2 s on two CPU cores), not the whole prefill
-PREFILL_CHUNK = 256
+# replies batched with it wait for one chunk, not the whole prefill. 64 measured best on two
+# cores (docs/benchmarks.md, "Chunked prefill"): larger chunks stall the batch longer and, their
+# attention rows costing more, do not even prefill faster
+PREFILL_CHUNK = 64
 
 
 class Engine:
