@@ -347,6 +347,7 @@ def test_score_tokens_give_the_next_token_probabilities_of_the_prompt(tiny_bd):
 def test_mode_auto_runs_what_the_engine_chose(engine, chosen):
     params = dict(max_new_tokens=8, block_size=4, threshold=0.05, stop_at_eos=False)
     engine.auto_mode = chosen
+    engine.generate(PROMPTS[2], GenerationParams(mode=chosen, **params))  # both below find the prompt cached
     auto = engine.generate(PROMPTS[2], GenerationParams(mode="auto", **params))
     explicit = engine.generate(PROMPTS[2], GenerationParams(mode=chosen, **params))
     assert auto.token_ids == explicit.token_ids
