@@ -211,3 +211,4 @@ class RequestHandle:
             if item is _DONE:
                 return
             yield item
+            await asyncio.sleep(0)  # a reader with a backlog lets the loop's other readers take a turn

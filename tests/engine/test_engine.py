@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -129,15 +130,24 @@ async def test_many_async_readers_do_not_block_each_other(engine):
     share their passes."""
     params = GenerationParams(mode="autoregressive", max_new_tokens=5, stop_at_eos=False)
     arrivals: list[tuple[int, bool]] = []  # (reader, final) in the order the loop saw them
-    handles = [engine.submit(p, params) for p in PROMPTS]
-    passes_before = engine.forward_passes
+    gate, real_schedule = threading.Event(), engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: (gate.wait(), real_schedule())[1]  # no step until all wait
+    try:
+        passes_before = engine.forward_passes
+        handles = [engine.submit(p, params) for p in PROMPTS]
 
-    async def read(index, handle):
-        async for update in handle:
-            arrivals.append((index, update.final))
-        return update.token_ids
+        async def read(index, handle):
+            async for update in handle:
+                arrivals.append((index, update.final))
+            return update.token_ids
 
-    results = await asyncio.wait_for(asyncio.gather(*(read(i, h) for i, h in enumerate(handles))), timeout=120)
+        readers = asyncio.gather(*(read(i, h) for i, h in enumerate(handles)))
+        await asyncio.sleep(0.05)  # every reader parked on its handle
+        gate.set()
+        results = await asyncio.wait_for(readers, timeout=120)
+    finally:
+        engine.scheduler.schedule = real_schedule
+        gate.set()
     assert all(len(r) == 5 for r in results)
     firsts = [next(n for n, (i, _) in enumerate(arrivals) if i == reader) for reader in range(len(PROMPTS))]
     lasts = [next(n for n, (i, final) in enumerate(arrivals) if i == reader and final) for reader in range(len(PROMPTS))]
