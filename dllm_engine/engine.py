@@ -29,12 +29,12 @@ from typing import Callable
 
 import torch
 
-from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, StepPlan, Target, make_policy
+from dllm_engine import calibration
+from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, make_policy
 from dllm_engine.decoding.factory import make_decoder
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
 from dllm_engine.memory import release_free_memory
 from dllm_engine.models.families import FAMILIES
-from dllm_engine.models.transformer import KVCache, Segment
 from dllm_engine.request import (DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle,
                                  RequestStats)
 from dllm_engine.runner import ModelRunner, resolve_activations, resolve_pass
@@ -214,24 +214,13 @@ class Engine:
         and makes the faster one what mode="auto" runs; returns tokens/s per mode. Exact
         diffusion gives the AR reply's words, so only speed decides: several tokens a pass win
         where a pass over a block costs not much more than a one-token pass, and lose where the
-        cost grows with the rows (docs/benchmarks.md has the curves per machine). The rounds
-        alternate the modes and each keeps its best, so a burst of load from another process
-        slows one reply, not one mode. Call it on an idle engine."""
+        cost grows with the rows (docs/benchmarks.md has the curves per machine). Call it on an
+        idle engine."""
         if not self.config.is_diffusion:
             return {}
         self.choose_block()  # a draft head's block first: it decides what diffusion's speed is
         template = dataclasses.replace(params or GenerationParams(), stop_at_eos=False, background=False)
-        prompt = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
-        modes = ("autoregressive", "diffusion")
-        for mode in modes:  # warm, and cache the prompt
-            self.generate(prompt, dataclasses.replace(template, mode=mode, max_new_tokens=4))
-        speeds = {mode: 0.0 for mode in modes}
-        for _ in range(rounds):
-            for mode in modes:
-                started = time.perf_counter()
-                update = self.generate(prompt, dataclasses.replace(template, mode=mode, max_new_tokens=new_tokens))
-                rate = update.stats.new_tokens / max(time.perf_counter() - started, 1e-9)
-                speeds[mode] = max(speeds[mode], rate)
+        speeds = calibration.reply_speeds(self, template, new_tokens, rounds)
         self.auto_mode = max(speeds, key=lambda mode: speeds[mode])
         log.info("mode='auto' runs %s on this machine (%s)", self.auto_mode,
                  ", ".join(f"{mode} {rate:.1f} tokens/s" for mode, rate in speeds.items()))
@@ -248,43 +237,13 @@ class Engine:
         if head is None or not kept:
             return None
         rows = [1 + k for k in range(1, head.spec.block_size)]
-        costs = self._on_scheduler(lambda: self._step_seconds(rows, context, repeats))
-        table = []
-        for drafts, seconds in enumerate(costs, start=1):
-            tokens = 1 + sum(kept[:drafts])
-            table.append({"block": drafts + 1, "ms": round(1000 * seconds, 2), "tokens_per_pass": round(tokens, 3),
-                          "tokens_per_s": round(tokens / seconds, 1)})
+        costs = self._on_scheduler(lambda: calibration.draft_step_seconds(self, rows, context, repeats))
+        table = calibration.block_table(costs, kept)
         best = max(table, key=lambda row: row["tokens_per_s"])
         self.config.block_size = best["block"]
         log.info("diffusion drafts blocks of %d on this machine (%s)", best["block"],
                  ", ".join(f"{r['block']}: {r['tokens_per_s']} tokens/s" for r in table))
         return {"chosen": best["block"], "blocks": table}
-
-    def _step_seconds(self, row_counts: list[int], context: int, repeats: int) -> list[float]:
-        """Seconds of one draft-head decoding step for each count of verify rows: the fastest of
-        `repeats` rounds, each round timing every count once (a burst of another process's load
-        then lands on one round, not on one count)."""
-        head = self.loaded.draft_head
-        filler = ((torch.arange(context) % 1000 + 100) % self.config.vocab_size).tolist()
-        caches = []
-        for rows in row_counts:
-            cache = KVCache(self.config, context + rows + head.spec.block_size + 1, self.cache_dtype, self.device,
-                            extra_layers=head.cache_layers)
-            plan = StepPlan([Segment(torch.tensor(filler), 0, cache, context, "causal")], [Target(0, context - 1, 0)],
-                            tap_rows=list(range(context)))
-            self._runner.run([plan], [(0.0, None)])
-            caches.append(cache)
-        best = [float("inf")] * len(row_counts)
-        for round_ in range(repeats + 1):  # the first round warms up
-            for index, (rows, cache) in enumerate(zip(row_counts, caches)):
-                plan = StepPlan([Segment(torch.arange(rows) + 42, context, cache, context + rows, "causal")],
-                                [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
-                started = time.perf_counter()
-                self._runner.run([plan], [(0.0, None)])
-                self._runner.draft([([(plan.taps, context)], cache, 42, context)])
-                if round_:
-                    best[index] = min(best[index], time.perf_counter() - started)
-        return best
 
     def _on_scheduler(self, function):
         """function() between two steps of the scheduler thread (the runner is that thread's)."""

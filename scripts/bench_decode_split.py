@@ -15,11 +15,8 @@ import collections
 import json
 import time
 
-import torch
-
-from dllm_engine.decoding.plan import StepPlan, Target
+from dllm_engine import calibration
 from dllm_engine.engine import Engine
-from dllm_engine.models.transformer import KVCache, Segment
 from dllm_engine.request import GenerationParams
 from dllm_engine.runner import ModelRunner
 
@@ -68,19 +65,14 @@ def decode(engine: Engine, mode: str, block: int | None, max_new_tokens: int) ->
 
 def head_step_alone(engine: Engine, context: int = 128, rows: int = 3, repeats: int = 30) -> float:
     """Median ms of the head's step run back to back (no target pass between)."""
-    head, runner = engine.loaded.draft_head, engine._runner
-    cache = KVCache(engine.config, context + rows + head.spec.block_size + 1, engine.cache_dtype, engine.device,
-                    extra_layers=head.cache_layers)
-    filler = ((torch.arange(context) % 1000 + 100) % engine.config.vocab_size).tolist()
-    runner.run([StepPlan([Segment(torch.tensor(filler), 0, cache, context, "causal")], [Target(0, context - 1, 0)],
-                         tap_rows=list(range(context)))], [(0.0, None)])
-    plan = StepPlan([Segment(torch.arange(rows) + 42, context, cache, context + rows, "causal")],
-                    [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
+    runner = engine._runner
+    cache = calibration.filled_cache(engine, context, rows)
+    plan = calibration.verify_plan(cache, context, rows)
     runner.run([plan], [(0.0, None)])
     times = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        runner.draft([([(plan.taps, context)], cache, 42, context)])
+        runner.draft([([(plan.taps, context)], cache, calibration.FIRST_TOKEN, context)])
         times.append(time.perf_counter() - started)
     return 1000 * sorted(times[1:])[repeats // 2]
 

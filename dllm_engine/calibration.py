@@ -1,0 +1,85 @@
+"""What the engine times on its machine to choose how it decodes: the mode `auto` runs
+(Engine.choose_mode) and the draft head's block (Engine.choose_block). Every timing runs its
+candidates in interleaved rounds and keeps each one's best, so a burst of another process's
+load slows one round, not one candidate.
+
+The functions that touch the runner run on the engine's scheduler thread (Engine._on_scheduler).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from dllm_engine.decoding import StepPlan, Target
+from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.request import GenerationParams
+
+if TYPE_CHECKING:
+    from dllm_engine.engine import Engine
+
+MODES = ("autoregressive", "diffusion")
+MODE_PROMPT = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
+FIRST_TOKEN = 42  # the exact token a timed block starts with (any id: timing only)
+
+
+def reply_speeds(engine: "Engine", template: GenerationParams, new_tokens: int, rounds: int) -> dict[str, float]:
+    """Tokens/s of a greedy reply in each mode (`template`'s other settings), the best of `rounds`."""
+    for mode in MODES:  # warm, and cache the prompt
+        engine.generate(MODE_PROMPT, dataclasses.replace(template, mode=mode, max_new_tokens=4))
+    speeds = {mode: 0.0 for mode in MODES}
+    for _ in range(rounds):
+        for mode in MODES:
+            started = time.perf_counter()
+            update = engine.generate(MODE_PROMPT, dataclasses.replace(template, mode=mode, max_new_tokens=new_tokens))
+            speeds[mode] = max(speeds[mode], update.stats.new_tokens / max(time.perf_counter() - started, 1e-9))
+    return speeds
+
+
+def filled_cache(engine: "Engine", context: int, rows: int) -> KVCache:
+    """A request cache (the head's layers included) whose first `context` positions hold a
+    prefilled filler prompt, with room for a verify pass of `rows` and the head's block."""
+    head = engine.loaded.draft_head
+    cache = KVCache(engine.config, context + rows + head.spec.block_size + 1, engine.cache_dtype, engine.device,
+                    extra_layers=head.cache_layers)
+    filler = ((torch.arange(context) % 1000 + 100) % engine.config.vocab_size).tolist()
+    engine._runner.run([StepPlan([Segment(torch.tensor(filler), 0, cache, context, "causal")],
+                                 [Target(0, context - 1, 0)], tap_rows=list(range(context)))], [(0.0, None)])
+    return cache
+
+
+def verify_plan(cache: KVCache, context: int, rows: int) -> StepPlan:
+    """A draft-head step's target pass: `rows` causal rows after the context, every row tapped."""
+    return StepPlan([Segment(torch.arange(rows) + FIRST_TOKEN, context, cache, context + rows, "causal")],
+                    [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
+
+
+def draft_step_seconds(engine: "Engine", row_counts: list[int], context: int, repeats: int) -> list[float]:
+    """Seconds of one whole draft-head decoding step (the verify pass, then the head's step)
+    for each count of verify rows: the fastest of `repeats` rounds (after one warm-up)."""
+    runner = engine._runner
+    caches = [filled_cache(engine, context, rows) for rows in row_counts]
+    best = [float("inf")] * len(row_counts)
+    for round_ in range(repeats + 1):
+        for index, (rows, cache) in enumerate(zip(row_counts, caches)):
+            plan = verify_plan(cache, context, rows)
+            started = time.perf_counter()
+            runner.run([plan], [(0.0, None)])
+            runner.draft([([(plan.taps, context)], cache, FIRST_TOKEN, context)])
+            if round_:
+                best[index] = min(best[index], time.perf_counter() - started)
+    return best
+
+
+def block_table(step_seconds: list[float], kept_by_offset: list[float]) -> list[dict]:
+    """Per block (the exact token + k drafts, k from 1): the step's cost, the tokens a pass
+    the head's held-out acceptance gives it, and the tokens a second that follow."""
+    table = []
+    for drafts, seconds in enumerate(step_seconds, start=1):
+        tokens = 1 + sum(kept_by_offset[:drafts])
+        table.append({"block": drafts + 1, "ms": round(1000 * seconds, 2), "tokens_per_pass": round(tokens, 3),
+                      "tokens_per_s": round(tokens / seconds, 1)})
+    return table
