@@ -35,8 +35,8 @@ def collapse_repetitions(text: str) -> str:
 
 
 def _repetition_at(bare: list[str], i: int) -> tuple[int, int]:
-    """(phrase length, times it repeats in a row) of the shortest phrase at i that repeats most."""
-    best = (1, 1)
+    """(phrase length, times it repeats in a row) of the shortest phrase at i that repeats
+    MIN_REPEATS times or more; (1, 1) when none does."""
     for size in range(1, MAX_PHRASE_WORDS + 1):
         phrase = bare[i:i + size]
         if len(phrase) < size or not any(phrase):
@@ -46,7 +46,7 @@ def _repetition_at(bare: list[str], i: int) -> tuple[int, int]:
             repeats += 1
         if repeats >= MIN_REPEATS:
             return size, repeats
-    return best
+    return 1, 1
 
 
 def compression_ratio(text: str) -> float:
