@@ -59,15 +59,23 @@ _HUSH = re.compile(r"^(s?h+|shh+|sh+h*|shush|hush)$")  # "Shh", "Shhh", "Sh", "H
 
 
 def is_stop_command(transcript: str) -> bool:
-    """"Stop.", "Wait.", "Hold on.", "Never mind.", "Be quiet.", "Shh" and the like, alone."""
-    spoken = [w.strip("-") for w in words(transcript)]
+    """"Stop.", "Wait.", "Hold on.", "Never mind.", "Be quiet.", "Shh" and the like, alone, or a
+    run of them ("Wait, stop.", "Okay, stop!"): every phrase between punctuation is one, or only
+    fillers."""
+    phrases = [_without_fillers(p) for p in re.split(r"[,.;:!?]+", transcript)]
+    commands = [p for p in phrases if p]
+    return bool(commands) and all(" ".join(p) in STOP_COMMANDS or all(_HUSH.match(w) for w in p) for p in commands)
+
+
+def _without_fillers(phrase: str) -> list[str]:
+    """The phrase's words, less the fillers around them ("okay", "please"), unless the phrase
+    is a command with them ("okay stop")."""
+    spoken = [w.strip("-") for w in words(phrase)]
     while spoken and spoken[0] in _COMMAND_FILLERS and " ".join(spoken) not in STOP_COMMANDS:
         spoken = spoken[1:]
     while spoken and spoken[-1] in _COMMAND_FILLERS and " ".join(spoken) not in STOP_COMMANDS:
         spoken = spoken[:-1]
-    if not spoken:
-        return False
-    return " ".join(spoken) in STOP_COMMANDS or all(_HUSH.match(w) for w in spoken)
+    return spoken
 
 
 def last_word(transcript: str) -> str:

@@ -433,6 +433,7 @@ async def test_a_stop_command_over_a_reply_still_playing_cuts_its_playback():
 
 @pytest.mark.parametrize("transcript, command", [
     ("Stop.", True), ("Okay, stop.", True), ("Hold on.", True), ("Be quiet!", True), ("Shhh", True),
+    ("Wait, stop.", True), ("Stop, stop!", True), ("Hold on, wait.", True), ("Wait, stop, tell me about dogs.", False),
     ("Stop. What is the capital of France?", False), ("Wait, what is two plus two?", False), ("Okay.", False),
     ("", False), ("Please.", False), ("Sure.", False),
 ])
