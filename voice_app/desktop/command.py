@@ -8,12 +8,10 @@ import sys
 from typing import Any
 
 from voice_app.desktop.console import Console
-from voice_app.desktop.devices import (AudioDeviceError, AudioDevices, choose_hint, describe_devices,
+from voice_app.desktop.devices import (EXIT_AUDIO_DEVICE, AudioDeviceError, AudioDevices, describe_devices,
                                        import_sounddevice, open_devices)
 from voice_app.desktop.echo_gate import EchoGate
 from voice_app.desktop.transport import DesktopTransport
-
-EXIT_AUDIO_DEVICE = 2
 
 
 def register(subparsers: Any) -> None:
@@ -60,9 +58,7 @@ def _converse(sd: Any, devices: AudioDevices, args: argparse.Namespace) -> int:
         return EXIT_AUDIO_DEVICE
     finally:
         models.close()
-    if transport.failure is not None:
-        print(f"voice-app desktop: {transport.failure}\nDevices found:\n{describe_devices(sd)}\n{choose_hint()}",
-              file=sys.stderr)
+    if transport.failure is not None:  # already reported, the moment it happened
         return EXIT_AUDIO_DEVICE
     console.say("stopped")
     return 0

@@ -9,6 +9,9 @@ INPUT_RATES = (16000, 48000, 44100, 24000)  # first one the device accepts; 16 k
 OUTPUT_RATES = (24000, 48000, 44100, 16000)  # 24 kHz is the reply audio's own rate
 
 
+EXIT_AUDIO_DEVICE = 2  # the exit code of every "no usable audio device" outcome
+
+
 class AudioDeviceError(RuntimeError):
     """No usable audio device: the message lists the devices found and how to choose one."""
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
+import threading
 import time
 from typing import Any
 
@@ -12,7 +15,8 @@ import numpy as np
 from voice_app.core.models import Models
 from voice_app.core.session import Session
 from voice_app.desktop.console import Console
-from voice_app.desktop.devices import AudioDeviceError, AudioDevices, choose_hint, describe_devices
+from voice_app.desktop.devices import (EXIT_AUDIO_DEVICE, AudioDeviceError, AudioDevices, choose_hint,
+                                       describe_devices)
 from voice_app.desktop.echo_gate import EchoGate
 from voice_app.desktop.playback import Speaker
 from voice_app.settings import Settings
@@ -21,6 +25,9 @@ BLOCK_MS = 20
 # no mic frame for this long means the input is dead (a sound server that died can leave the
 # stream "running" without callbacks, or spinning in ALSA's underrun recovery)
 MIC_STALL_S = 5.0
+# after a device failure, the longest the teardown may take before the process exits anyway:
+# a driver whose sound server died can block in its stream calls for good
+TEARDOWN_LIMIT_S = 10.0
 
 
 class DesktopTransport:
@@ -49,11 +56,14 @@ class DesktopTransport:
         input_stream, output_stream = self._open_streams(loop)
         try:
             await session.start()
-            with input_stream, output_stream:
+            try:
+                self._start_streams(input_stream, output_stream)
                 self.console.say(f"listening on {self.devices.input['name']!r} ({self.devices.input_rate} Hz), "
                                  f"speaking on {self.devices.output['name']!r} ({self.devices.output_rate} Hz); "
                                  "Ctrl-C to quit")
                 await self._pump_mic(session)
+            finally:
+                self._close_streams(input_stream, output_stream)
         finally:
             await session.close()  # cancels engine requests and TTS work in flight
             for signum in (signal.SIGINT, signal.SIGTERM):
@@ -87,13 +97,38 @@ class DesktopTransport:
                                    f"{describe_devices(self.sd)}\n{choose_hint()}") from exc
         return input_stream, output_stream
 
+    def _start_streams(self, *streams: Any) -> None:
+        try:
+            for stream in streams:
+                stream.start()
+        except self.sd.PortAudioError as exc:
+            raise AudioDeviceError(f"cannot start the audio streams: {exc}\nDevices found:\n"
+                                   f"{describe_devices(self.sd)}\n{choose_hint()}") from exc
+
+    def _close_streams(self, *streams: Any) -> None:
+        for stream in streams:
+            try:
+                stream.abort()  # not stop(): that drains the speaker, which a dead device never does
+                stream.close()
+            except self.sd.PortAudioError:
+                pass  # a failed device is reported already; closing the other stream matters more
+
     def _queue_mic(self, samples: np.ndarray, captured_at: float) -> None:
         if self._mic.full():  # the loop fell behind: drop the oldest frame, never block the device
             self._mic.get_nowait()
         self._mic.put_nowait((samples, captured_at))
 
     def _fail(self, reason: str) -> None:
+        """Says what failed now, before the teardown that a dead device can block, and bounds
+        everything after it (stream calls, models.close(), the interpreter's exit)."""
+        if self.failure is not None:  # both streams can report the same death
+            return
         self.failure = reason
+        print(f"voice-app desktop: {reason}\nDevices found:\n{describe_devices(self.sd)}\n{choose_hint()}",
+              file=sys.stderr, flush=True)
+        deadline = threading.Timer(TEARDOWN_LIMIT_S, _exit_now, (EXIT_AUDIO_DEVICE,))
+        deadline.daemon = True
+        deadline.start()
         self._stop.set()
 
     async def _pump_mic(self, session: Session) -> None:
@@ -117,3 +152,9 @@ class DesktopTransport:
 
     async def _on_event(self, event: dict[str, Any]) -> None:
         self.console.show(event)
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
