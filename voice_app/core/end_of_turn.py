@@ -4,9 +4,10 @@ The LLM already resident in the engine answers it: the probability that the user
 (the chat template's end-of-turn token) right after the transcript, in the conversation so
 far: one pass over a prompt whose head the prefix cache usually holds. SmolLM2 reads the
 punctuation Whisper writes, so "What is the capital of France?" scores ~0.6 and "What is the
-capital of" ~0.0. Two lexical checks keep the small model honest: words that end on "of",
-"the", "and" ... are unfinished whatever Whisper's punctuation says, and words that end a
-sentence but score low ("Hello.") wait server_vad's window rather than the eagerness's limit.
+capital of" ~0.0. Lexical checks keep the small model honest: words that end on "of", "the",
+"and" ... or on a pause's comma ("No wait,") are unfinished whatever the score, and words that
+end a sentence but score low ("Hello.") wait server_vad's window rather than the eagerness's
+limit.
 Without a verdict in time (a busy engine) the turn ends at server_vad's silence window too.
 Verdicts are asked for each partial transcript as it comes (`prefetch`), so the one a pause
 needs is usually ready when the pause begins.
@@ -32,6 +33,15 @@ VERDICT_TIMEOUT_S = 1.0  # a verdict later than this is not worth waiting for
 # without the "?"): after one of these, the words are unfinished whatever the score.
 DANGLING_WORDS = frozenset("a an the and or but because of to at in on into my your his her its our their "
                            "plus minus times than um uh er".split())
+
+# Punctuation Whisper writes at a pause inside a sentence ("No wait, ", "So..."): the speaker
+# is drawing breath, not done, whatever the model makes of the words before it.
+MID_SENTENCE_ENDINGS = (",", ";", ":", "-", "...", "…")
+
+
+def sounds_cut_off(transcript: str) -> bool:
+    """Words that end mid-sentence: on a dangling word ("the capital of") or a pause's comma."""
+    return last_word(transcript) in DANGLING_WORDS or transcript.rstrip().endswith(MID_SENTENCE_ENDINGS)
 
 
 # what people say to show they are listening, not to take the turn
@@ -108,14 +118,14 @@ class EndOfTurnJudge:
     def prefetch(self, transcript: str) -> None:
         """Asks now, while the user may still be talking: when they stop after these words, the
         verdict is ready instead of one engine round trip away."""
-        if transcript.strip() and last_word(transcript) not in DANGLING_WORDS:
+        if transcript.strip() and not sounds_cut_off(transcript):
             self._verdict(transcript.strip())
 
     async def sounds_finished(self, transcript: str) -> bool | None:
         """True (the short silence ends the turn), False (unfinished: the eagerness's limit), or
         None (server_vad's window): no verdict in time, or a low score for words that do end a
         sentence ("Hello." scores 0.006: a greeting should not wait 1.6 s)."""
-        if last_word(transcript) in DANGLING_WORDS:
+        if sounds_cut_off(transcript):
             return False
         probability = await self.probability(transcript)
         if probability is not None and probability >= self.threshold:

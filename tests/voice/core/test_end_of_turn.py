@@ -44,6 +44,10 @@ def judge_with(scores: dict[str, float]) -> tuple[EndOfTurnJudge, ScoringEngine]
     ("Tell me a story about a dragon and", 0.0, False),
     ("Hello.", 0.006, None),  # ends a sentence but scores low: server_vad's window, not 1.6 s
     ("I want to know, um,", 0.0, False),
+    ("Wait, stop,", 0.62, False),  # a pause's comma: mid-sentence whatever the score
+    ("No wait,", 0.40, False),
+    ("So the thing is...", 0.30, False),
+    ("Wait, stop.", 0.62, True),
 ])
 async def test_the_verdict_weighs_the_score_and_the_last_word(transcript, score, verdict):
     judge, _ = judge_with({transcript: score})
@@ -54,6 +58,7 @@ async def test_a_prefetched_verdict_is_asked_once_and_ready_at_the_pause():
     judge, engine = judge_with({"What is the capital of France?": 0.6})
     judge.prefetch("What is the capital of France?")
     judge.prefetch("What is the capital of")  # dangling: not worth an engine pass
+    judge.prefetch("What is the capital,")  # nor a pause's comma
     await asyncio.sleep(0.01)
     assert await judge.sounds_finished("What is the capital of France?") is True
     assert engine.asked == ["What is the capital of France?"]
