@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from voice_app.core.speech_text import words
-
-if TYPE_CHECKING:
-    from voice_app.loadtest.user import SessionResult, TurnResult
+from voice_app.loadtest.results import SessionResult, TurnResult
 
 LATENCY_METRICS = ("eos_to_transcript_ms", "eos_to_first_audio_ms", "eos_to_done_ms", "barge_in_to_cleared_ms")
 

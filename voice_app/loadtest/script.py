@@ -161,9 +161,9 @@ def utterance_audio(script: Script, piper_voice: str, cache_dir: Path = DEFAULT_
         cached = cache_dir / f"{hashlib.sha1(f'{piper_voice}|fixed|{text}'.encode()).hexdigest()[:16]}.wav"
         if not cached.is_file():
             if synthesizer is None:
-                from voice_app.speech.tts import Synthesizer
+                from voice_app.speech.tts import PiperSynthesizer
 
-                synthesizer = Synthesizer(piper_voice)
+                synthesizer = PiperSynthesizer(piper_voice)
             write_wav_24k(cached, synthesizer.synthesize_blocking(text, varied=False))
             log.info("synthesised %r -> %s", text, cached)
         return read_wav_24k(cached)

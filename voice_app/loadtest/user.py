@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy as np
 from voice_app.audio.pcm import WIRE_RATE
 from voice_app.loadtest.connection import RealtimeConnection, ReceivedEvent, SessionClosed, of_type
 from voice_app.loadtest.report import normalized_words, score_transcript
+from voice_app.loadtest.results import SessionResult, TurnResult
 from voice_app.loadtest.script import Script, ScriptTurn
 from voice_app.realtime.event_feed import audio_after_clear
 from voice_app.events.protocol import CLOSE_TRY_AGAIN_LATER, with_x_events
@@ -72,42 +73,6 @@ def voice_onset_s(samples: np.ndarray, rate: int = WIRE_RATE, level: float = 0.0
         if float(np.sqrt(np.mean(audio[start:start + window] ** 2))) > level:
             return start / rate
     return 0.0
-
-
-@dataclass
-class TurnResult:
-    session: int
-    turn: int
-    script_turn: int
-    expected: str | None
-    transcript: str = ""
-    wer: float | None = None
-    reference_words: int = 0
-    word_errors: int = 0
-    response_id: str | None = None
-    status: str | None = None
-    eos_to_transcript_ms: float | None = None
-    eos_to_first_audio_ms: float | None = None
-    eos_to_done_ms: float | None = None
-    barge_in_to_cleared_ms: float | None = None
-    barge_in_missed: bool = False  # the reply talked over had already finished playing
-    stale_audio_deltas: int = 0
-    backchannel_kept: bool | None = None  # a backchannel turn: the reply talked over carried on
-    one_turn: bool | None = None  # a turn with a pause inside: the server heard it as one turn
-    on_topic: bool | None = None  # a turn with `expect`: the reply holds one of the words
-    server_metrics: dict[str, Any] | None = None
-    error: str | None = None
-    expect: tuple[str, ...] = ()
-
-
-@dataclass
-class SessionResult:
-    index: int
-    outcome: str = "completed"  # completed | refused | dropped | error
-    detail: str = ""
-    turns: list[TurnResult] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # `error` events from the server
-    replica: str | None = None  # the x-voice-replica header of the server (or replica behind a proxy) that answered
 
 
 @dataclass

@@ -212,7 +212,7 @@ def test_script_turns_for_a_pause_inside_a_backchannel_and_expected_words(tmp_pa
 
 def test_sessions_are_counted_per_replica_that_answered():
     from voice_app.loadtest.report import format_replicas, summarize_level
-    from voice_app.loadtest.user import SessionResult, TurnResult
+    from voice_app.loadtest.results import SessionResult, TurnResult
 
     def session(index: int, replica: str | None, outcome: str = "completed", turns: int = 1) -> SessionResult:
         done = [TurnResult(index, n, 0, None, response_id=f"resp_{index}_{n}") for n in range(turns)]
