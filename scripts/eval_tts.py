@@ -30,7 +30,7 @@ def main() -> int:
     from voice_app.audio.pcm import ASR_RATE, WIRE_RATE, int16_to_float, resample
     from voice_app.settings import Settings
     from voice_app.speech.asr import Transcriber
-    from voice_app.speech.tts import HibariSynthesizer, Synthesizer
+    from voice_app.speech.tts import HibariSynthesizer, PiperSynthesizer
 
     settings = Settings()
     transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type, settings.whisper_cpu_threads, 1,
@@ -38,7 +38,7 @@ def main() -> int:
     sentences = [s.replace("...", ",") for s in SENTENCES]
     report = {}
     for engine in args.engines.split(","):
-        synthesizer = HibariSynthesizer() if engine == "hibari" else Synthesizer(settings.piper_voice)
+        synthesizer = HibariSynthesizer() if engine == "hibari" else PiperSynthesizer(settings.piper_voice)
         synthesizer.synthesize_blocking("Hello.")  # warm
         wall, cpu, speech_s, errors, words = [], 0.0, 0.0, 0, 0
         for sentence in sentences:

@@ -118,9 +118,9 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from voice_app.settings import Settings
-    from voice_app.speech.tts import Synthesizer
+    from voice_app.speech.tts import PiperSynthesizer
 
-    synthesizer = Synthesizer(Settings().piper_voice)
+    synthesizer = PiperSynthesizer(Settings().piper_voice)
     entries = []
     voices = {name: (lambda text, v=spec: espeak(text, *v[:3]), spec[3]) for name, spec in ESPEAK.items()}
     voices["piper-varied"] = (lambda text: piper(text, synthesizer), "held_out")

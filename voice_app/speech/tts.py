@@ -69,8 +69,8 @@ class PooledSynthesizer:
         self._pool.shutdown()
 
 
-class Synthesizer(PooledSynthesizer):
-    """Piper."""
+class PiperSynthesizer(PooledSynthesizer):
+    """Piper (the "joe" voice, `--tts piper`): an ONNX voice run by the piper package."""
 
     def __init__(self, voice_path: str, config_path: str | None = None, workers: int = 1):
         from piper import PiperVoice
