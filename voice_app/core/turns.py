@@ -23,6 +23,7 @@ from voice_app.core.conversation import Conversation, ConversationItem, announce
 from voice_app.core.end_of_turn import EndOfTurnJudge, is_false_interruption
 from voice_app.core.models import VAD_WINDOW, Models
 from voice_app.core.options import TurnDetection
+from voice_app.core.speech_text import words
 from voice_app.core.turn_detector import TurnDetector, TurnEvent
 from voice_app.events import protocol as p
 from voice_app.core.local_agreement import LocalAgreement
@@ -39,6 +40,10 @@ INLINE_ANALYSIS_S = 0.25  # input up to this long is resampled and VAD-scored on
 ANALYSIS_SLICE_S = 0.5  # longer input: in slices this long, each on a worker thread
 TAIL_JITTER_S = 0.1  # how much later than real time the rest of a pause's tail may come
 IDLE_GRACE_S = 0.3  # a live stream's jitter: audio later than this is missing, and counts as silence
+# a turn spoken over a reply, this short and sounding finished, waits server_vad's window, not
+# the short one: interruptions open with a phrase and a breath ("No wait, ..."), and the reply
+# they talk over is paused meanwhile, so the wait costs nothing heard
+OPENER_WORDS = 2
 ASR_SLOTS = 3  # decodes one session may have in the shared Whisper queue (a partial, a pause, a final)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -340,6 +345,8 @@ class Listener:
             finished = True  # a "mm-hmm" over a paused reply: end it soon, and the reply goes on
         else:
             finished = await self._judge.sounds_finished(text)
+            if finished and turn.barged_in and len(words(text)) <= OPENER_WORDS:
+                finished = None  # an opener over the reply ("No wait," heard as "No way."): more may come
         if turn is self.turn and self._detector.last_speech_sample == speech_end:  # no new words since
             stop = self._detector.words_sound_finished(finished)
             if stop is not None:

@@ -4,8 +4,10 @@ unfinished may pause longer and stays one turn; server_vad keeps its fixed silen
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from voice_app.core.options import COMPLETE_SILENCE_MS, EAGERNESS_MAX_SILENCE_MS
+from voice_app.core.turns import UserTurn
 
 from ..clients import silence, stream_audio
 from ..fakes import WORD_S
@@ -64,6 +66,18 @@ async def test_a_turn_ends_when_the_client_stops_sending_audio():
     await log.wait_for(lambda e: e["type"] == "input_audio_buffer.speech_stopped")
     await log.wait_for(is_done())
     assert [i.text for i in session.conversation.items if i.role == "user"] == ["What is the capital of"]
+    await session.close()
+
+
+@pytest.mark.parametrize("over_a_reply, verdict", [(True, None), (False, True)])
+async def test_a_short_finished_phrase_over_a_reply_waits_server_vads_window(over_a_reply, verdict):
+    # "No wait, give me ..." as Whisper once heard it at the breath: "No way." An interruption
+    # opens so and goes on; the reply it talks over is paused, so waiting costs nothing heard
+    session, _, models = make_session(turn_detection="semantic_vad")
+    turn = UserTurn("item_x", start_sample=0, started_at=0.0, barged_in=over_a_reply)
+    assert await session.listener._judge_words(turn, 0, "No way.") is verdict
+    assert models.engine.judged == ["No way."]  # the model called it finished either way
+    assert await session.listener._judge_words(turn, 0, "No wait, give me pancakes.") is True
     await session.close()
 
 
