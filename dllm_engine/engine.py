@@ -117,6 +117,12 @@ class Engine:
         return self.config.max_position_embeddings
 
     @property
+    def takes_threshold(self) -> bool:
+        """Whether GenerationParams.threshold changes this model's decoding: not where a draft
+        head drafts and the target verifies (exact by construction), nor for an AR model."""
+        return self.config.is_diffusion and self.loaded.draft_head is None
+
+    @property
     def forward_passes(self) -> int:
         return self.scheduler.passes
 

@@ -52,12 +52,17 @@ def add_exposure_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-output-tokens-cap", type=int, help="the most reply tokens a client may ask for")
     parser.add_argument("--response-inactivity-timeout-s", type=float,
                         help="fail a reply when the engine sends nothing for this long")
+    parser.add_argument("--client-engine-settings", choices=["on", "off"],
+                        help="on (default): a session.update's x_engine may choose its replies' engine mode "
+                             "and threshold; off: every session decodes as --engine-mode says")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from env/.env, with every flag the user gave taking precedence."""
     overrides = {name: value for name, value in vars(args).items()
                  if value is not None and name in Settings.model_fields}
+    if "client_engine_settings" in overrides:
+        overrides["client_engine_settings"] = overrides["client_engine_settings"] == "on"
     return Settings(**overrides)
 
 

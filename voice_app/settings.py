@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     # auto: the engine times both at startup and runs the faster (exact diffusion and AR give the
     # same words; on a 2-core CPU AR is ~2.8x faster, on a GPU diffusion is)
     engine_mode: Literal["auto", "diffusion", "autoregressive"] = "auto"
+    # whether a session.update's x_engine may choose its own replies' mode and threshold
+    client_engine_settings: bool = True
     engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: cuda when there is one
     max_new_tokens: int = Field(64, ge=1, le=1024)
     reply_deadline_s: float | None = Field(None, gt=0)

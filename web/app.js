@@ -31,7 +31,11 @@ const voiceStats = {
 window.voiceStats = voiceStats;
 
 const SETTINGS_KEY = "voice-assistant-settings";
-const DEFAULT_SETTINGS = { turnDetection: "server_vad", eagerness: "auto", voice: null, instructions: "", showDrafts: true };
+// engineMode "" and engineThreshold "": the server's own decoding (its --engine-mode, exact)
+const DEFAULT_SETTINGS = {
+  turnDetection: "server_vad", eagerness: "auto", voice: null, instructions: "", showDrafts: true,
+  engineMode: "", engineThreshold: "",
+};
 
 function loadSettings() {
   try {
@@ -42,7 +46,7 @@ function loadSettings() {
 }
 
 /** session.update's session for the page's settings (what the person chose, remembered here). */
-function sessionConfig(settings) {
+function sessionConfig(settings, serverEngine = null) {
   const turnDetection = { type: settings.turnDetection };
   if (settings.turnDetection === "semantic_vad") turnDetection.eagerness = settings.eagerness;
   const output = { format: { type: "audio/pcm", rate: WIRE_RATE } };
@@ -53,7 +57,20 @@ function sessionConfig(settings) {
     audio: { input: { format: { type: "audio/pcm", rate: WIRE_RATE }, turn_detection: turnDetection }, output },
   };
   if (settings.instructions.trim()) session.instructions = settings.instructions.trim();
+  const engine = engineConfig(settings, serverEngine, voiceStats.session && voiceStats.session.x_engine);
+  if (engine) session.x_engine = engine;
   return session;
+}
+
+/** x_engine for the chosen decoding; no choice asks for the server's own (`serverEngine`, from
+ * session.created) where the session (`current`) runs another. null: nothing to ask for. */
+function engineConfig(settings, serverEngine, current) {
+  const chosen = settings.engineMode !== "" || settings.engineThreshold !== "";
+  const differs = serverEngine && current && (current.mode !== serverEngine.mode || current.threshold !== serverEngine.threshold);
+  if (!chosen && !differs) return null;
+  const mode = settings.engineMode || (serverEngine && serverEngine.mode);
+  const threshold = settings.engineThreshold === "" ? null : Number(settings.engineThreshold);
+  return mode ? { mode, threshold } : { threshold };
 }
 
 /** 0-100 on a -60..0 dBFS scale: the RMS of one PCM16 frame. */
@@ -190,6 +207,8 @@ class VoicePage {
     $("eagerness").value = this.settings.eagerness;
     $("instructions").value = this.settings.instructions;
     $("show-drafts").checked = this.settings.showDrafts;
+    $("engine-mode").value = this.settings.engineMode;
+    $("engine-threshold").value = this.settings.engineThreshold;
     $("eagerness").disabled = this.settings.turnDetection !== "semantic_vad";
     $("turn-detection").onchange = () => { $("eagerness").disabled = $("turn-detection").value !== "semantic_vad"; };
   }
@@ -202,6 +221,8 @@ class VoicePage {
       voice: $("voice").value || null,
       instructions: $("instructions").value,
       showDrafts: $("show-drafts").checked,
+      engineMode: $("engine-mode").value,
+      engineThreshold: $("engine-threshold").disabled ? "" : $("engine-threshold").value.trim(),
     };
     localStorage.setItem(SETTINGS_KEY, JSON.stringify(this.settings));
     if (!this.connection.isOpen) {
@@ -210,7 +231,7 @@ class VoicePage {
     }
     this.settingsPending = true;
     $("settings-status").textContent = "applying…";
-    this.connection.send({ type: "session.update", session: sessionConfig(this.settings) });
+    this.connection.send({ type: "session.update", session: sessionConfig(this.settings, this.serverEngine) });
   }
 
   // The server's voices come from /healthz (models.voices); the session's own is listed too.
@@ -240,11 +261,19 @@ class VoicePage {
     voiceStats.sessionId = session.id || voiceStats.sessionId;
     const voice = session.audio && session.audio.output && session.audio.output.voice;
     this.sessionVoice = voice;
+    if (event.type === "session.created") this.serverEngine = session.x_engine || null;
+    const engine = session.x_engine;
+    $("engine-threshold").disabled = Boolean(engine && !engine.takes_threshold);
+    if ($("engine-threshold").disabled) $("engine-threshold").value = "";
+    $("engine-threshold").title = engine && !engine.takes_threshold
+      ? "This model's drafts are verified by the model itself: its replies are exact, a threshold does not apply." : "";
     this.fillVoices();
     if (event.type === "session.updated" && this.settingsPending) {
       this.settingsPending = false;
       const detection = session.audio && session.audio.input && session.audio.input.turn_detection;
-      $("settings-status").textContent = `applied: ${detection ? detection.type : "no turn detection"}`;
+      const engine = session.x_engine ? `, ${session.x_engine.mode}` +
+        (session.x_engine.threshold != null ? ` at ${session.x_engine.threshold}` : " (exact)") : "";
+      $("settings-status").textContent = `applied: ${detection ? detection.type : "no turn detection"}${engine}`;
     }
   }
 

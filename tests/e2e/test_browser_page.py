@@ -274,6 +274,62 @@ def test_settings_reach_the_server_are_remembered_and_a_refusal_shows_its_reason
     page.evaluate("localStorage.clear()")  # later tests start from the defaults
 
 
+def ask_in_text(page, question: str) -> None:
+    replies = page.locator('[data-role="assistant-transcript"]').count()
+    page.fill('[data-role="text-input"]', question)
+    page.press('[data-role="text-input"]', "Enter")
+    page.wait_for_function("(n) => document.querySelectorAll('[data-role=\"assistant-transcript\"]').length > n",
+                           arg=replies, timeout=TURN_TIMEOUT_MS)
+    wait_for_reply_audio(page)
+    wait_for_state(page, "listening")
+
+
+def apply_settings(page) -> None:
+    page.click('[data-role="settings-form"] button[type="submit"]')  # the status reads "applying..." until answered
+    page.wait_for_function("/^(applied|refused)/.test(document.querySelector('[data-role=\"settings-status\"]')"
+                           ".textContent)")
+
+
+def test_the_decoding_setting_reaches_the_engine_and_tokens_per_pass_follow_it(open_page) -> None:
+    page = open_page()
+    server_engine = stats(page)["session"]["x_engine"]
+    page.click('[data-role="settings"] summary')
+    # the default model drafts with a head its target verifies: exact, so no threshold to set
+    assert server_engine["takes_threshold"] is False
+    assert page.is_disabled('[data-role="engine-threshold"]')
+
+    page.select_option('[data-role="engine-mode"]', "autoregressive")
+    apply_settings(page)
+    assert stats(page)["session"]["x_engine"]["mode"] == "autoregressive"
+    assert "autoregressive" in page.inner_text('[data-role="settings-status"]')
+    ask_in_text(page, "Name three colours.")
+    assert stats(page)["lastTokensPerForward"] == pytest.approx(1.0)  # one token a pass, exactly
+
+    page.select_option('[data-role="engine-mode"]', "diffusion")
+    apply_settings(page)
+    assert stats(page)["session"]["x_engine"]["mode"] == "diffusion"
+    ask_in_text(page, "Name three animals.")
+    assert stats(page)["lastTokensPerForward"] >= 1.0
+
+    page.evaluate("""() => {  // a threshold the server cannot honour for this model
+        const input = document.querySelector('[data-role="engine-threshold"]');
+        input.disabled = false;
+        input.value = "0.5";
+    }""")
+    apply_settings(page)
+    status = page.inner_text('[data-role="settings-status"]')
+    assert status.startswith("refused") and "x_engine.threshold" in status and "exact" in status
+
+    # the session.updated after the refusal disabled and emptied the field again
+    assert page.is_disabled('[data-role="engine-threshold"]')
+    assert page.input_value('[data-role="engine-threshold"]') == ""
+    page.select_option('[data-role="engine-mode"]', "")  # the server's choice again
+    apply_settings(page)
+    assert page.inner_text('[data-role="settings-status"]').startswith("applied")
+    assert stats(page)["session"]["x_engine"]["mode"] == server_engine["mode"]
+    page.evaluate("localStorage.clear()")
+
+
 def test_the_draft_toggle_hides_the_unsettled_tail(open_page) -> None:
     page = open_page()
     page.click('[data-role="settings"] summary')

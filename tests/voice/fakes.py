@@ -212,6 +212,7 @@ class ScriptedEngine:
 
     model_name = "scripted"
     max_context_tokens = 512
+    takes_threshold = True
 
     def __init__(self, reply: Callable[[list[dict[str, str]]], str] = echo_reply, step_s: float = 0.0,
                  words_per_step: int = 2, hold_after_words: int | None = None):
@@ -222,6 +223,7 @@ class ScriptedEngine:
         self.release = asyncio.Event()
         self.submitted: EventFeed[list[dict[str, str]]] = EventFeed()  # the prompts, in order
         self.handles: list[ScriptedHandle] = []
+        self.params: list[GenerationParams] = []  # of each submit, in order
         self.judged: list[str] = []  # texts asked whether they sound finished
         self.live_requests = 0
         self._tasks: set[asyncio.Task] = set()
@@ -236,6 +238,7 @@ class ScriptedEngine:
             raise EngineError("the prompt is empty")
         handle = ScriptedHandle(len(self.handles) + 1, params.background)
         self.handles.append(handle)
+        self.params.append(params)
         words = self.reply(messages).split()[: params.max_new_tokens]
         self._loop.call_soon_threadsafe(self._begin, handle, messages, words)
         return handle

@@ -20,6 +20,10 @@ class Engine(Protocol):
     @property
     def live_requests(self) -> int: ...
 
+    @property
+    def takes_threshold(self) -> bool:
+        """Whether a threshold (lossy commits) changes how the model decodes."""
+
     def count_tokens(self, messages: list[dict[str, str]]) -> int: ...
 
     def submit(self, messages: list[dict[str, str]], params: Any) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 from voice_app.audio.pcm import WIRE_RATE
 from voice_app.events import protocol as p
-from voice_app.events.session_config import Refusal, SemanticVad, ServerVad, SessionConfig
+from voice_app.events.session_config import EngineConfig, Refusal, SemanticVad, ServerVad, SessionConfig
 from voice_app.settings import Settings
 
 MAX_OUTPUT_TOKENS = 4096  # the most the Realtime API lets a client ask for a reply
@@ -75,6 +75,10 @@ class SessionOptions:
     audio_out: bool = True  # output_modalities ["audio"] (spoken, with a transcript) or ["text"]
     audio_format: dict[str, Any] = field(default_factory=lambda: {"type": "audio/pcm", "rate": WIRE_RATE})
     turn_detection: TurnDetection = field(default_factory=TurnDetection)
+    engine_mode: str = "auto"  # x_engine: how this session's replies are decoded
+    engine_threshold: float | None = None  # None: exact decoding
+    engine_settings_allowed: bool = True  # the operator's --client-engine-settings
+    engine_takes_threshold: bool = True  # False: the model decodes exactly whatever the threshold
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "SessionOptions":
@@ -85,7 +89,8 @@ class SessionOptions:
                                                 threshold=settings.vad_threshold,
                                                 prefix_padding_ms=settings.prefix_padding_ms,
                                                 silence_duration_ms=settings.silence_duration_ms,
-                                                pause_ms=settings.draft_pause_ms))
+                                                pause_ms=settings.draft_pause_ms),
+                   engine_mode=settings.engine_mode, engine_settings_allowed=settings.client_engine_settings)
 
     def reply_tokens(self, requested: int | str, event_id: str | None = None) -> int:
         """A client's max_output_tokens as a token count; ProtocolError when over the operator's
@@ -118,7 +123,25 @@ class SessionOptions:
         if audio is not None and audio.output is not None:
             self.voice = audio.output.voice or self.voice
             self.speed = audio.output.speed or self.speed
+        if config.x_engine is not None:
+            refused += self._update_engine(config.x_engine)
         return refused
+
+    def _update_engine(self, engine: EngineConfig) -> list[Refusal]:
+        if not self.engine_settings_allowed:
+            return [Refusal("x_engine", "this server decodes every session's replies the same way "
+                                        "(the operator turned --client-engine-settings off)")]
+        self.engine_mode = engine.mode or self.engine_mode
+        if engine.threshold is not None and not self.engine_takes_threshold:
+            return [Refusal("x_engine.threshold", "this model's drafts are verified by the model itself, so its "
+                                                  "replies are exact; a threshold does not apply")]
+        if "threshold" in engine.model_fields_set:  # null: back to exact decoding
+            self.engine_threshold = engine.threshold
+        return []
+
+    def engine_shape(self) -> dict[str, Any]:
+        return {"mode": self.engine_mode, "threshold": self.engine_threshold,
+                "takes_threshold": self.engine_takes_threshold}
 
     def shape(self, session_id: str, model: str, transcription_model: str) -> dict[str, Any]:
         """The session object of session.created / session.updated."""

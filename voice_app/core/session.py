@@ -61,6 +61,7 @@ class Session(ClientEvents):
         self.settings = settings
         self.metrics = metrics or VoiceMetrics()
         self.options = SessionOptions.from_settings(settings)
+        self.options.engine_takes_threshold = models.engine.takes_threshold
         self.conversation = Conversation(max_items=settings.history_max_items, max_chars=settings.history_max_chars)
         self._fitter = ContextFitter(models.engine, settings.context_tokens)
         self.closed = False
@@ -303,7 +304,8 @@ class Session(ClientEvents):
         if not messages:
             raise p.ProtocolError("response_failed", "nothing to respond to: the conversation is empty and the "
                                   "instructions are empty", None, event_id)
-        params = GenerationParams(max_new_tokens=reply_tokens, mode=self.settings.engine_mode,
+        params = GenerationParams(max_new_tokens=reply_tokens, mode=self.options.engine_mode,
+                                  threshold=self.options.engine_threshold,
                                   deadline_s=self.settings.reply_deadline_s, background=background)
         handle = await self._submit(messages, reply_tokens, params, event_id)
         try:
@@ -422,6 +424,9 @@ class Session(ClientEvents):
         await self._send(p.server_event("x_turn.metrics", **report))
 
     def session_shape(self) -> dict[str, Any]:
-        return self.options.shape(self.id, getattr(self.models.engine, "model_name", "unknown"),
-                                  self.models.transcriber.model_name)
+        shape = self.options.shape(self.id, getattr(self.models.engine, "model_name", "unknown"),
+                                   self.models.transcriber.model_name)
+        if self.x_events:  # our extension, shown to the clients that asked for ours
+            shape["x_engine"] = self.options.engine_shape()
+        return shape
 

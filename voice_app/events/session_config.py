@@ -97,6 +97,16 @@ def no_forced_tool(choice: Any) -> Any:
     return choice
 
 
+class EngineConfig(BaseModel):
+    """Ours (`x_engine`): how the engine decodes this session's replies. `mode` as the server's
+    --engine-mode; `threshold` the confidence a drafted token needs to be committed without
+    verification (lossy, fewer passes); null: exact, the reply AR greedy would give."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["auto", "autoregressive", "diffusion"] | None = None
+    threshold: float | None = Field(None, gt=0.0, le=1.0)
+
+
 class SessionConfig(BaseModel):
     """The settings a session.update may change. Fields a voice conversation can do without are
     accepted and ignored (model, tracing, include, truncation, temperature, noise_reduction,
@@ -113,6 +123,7 @@ class SessionConfig(BaseModel):
     tool_choice: Any = None
     prompt: Any = None
     x_events: bool | None = None  # ours: send the x_... events to this client (docs/protocol.md)
+    x_engine: EngineConfig | None = None  # ours: the engine's decoding for this session's replies
 
     @field_validator("tools")
     @classmethod
@@ -142,8 +153,10 @@ class Refusal:
 
 
 def _setting_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The setting an error is about: a top-level field, or audio.input.X / audio.output.X."""
-    return tuple(loc[:3]) if loc and loc[0] == "audio" else tuple(loc[:1])
+    """The setting an error is about: a top-level field, audio.input.X / audio.output.X, or x_engine.X."""
+    if loc and loc[0] == "audio":
+        return tuple(loc[:3])
+    return tuple(loc[:2]) if loc and loc[0] == "x_engine" and len(loc) > 1 else tuple(loc[:1])
 
 
 def _remove(data: dict[str, Any], path: tuple[Any, ...]) -> bool:
@@ -192,4 +205,6 @@ def applied_settings(config: SessionConfig) -> list[str]:
         part = getattr(config.audio, side, None) if config.audio is not None else None
         if part is not None:
             names += [f"audio.{side}.{name}" for name in sorted(part.model_fields_set)]
+    if config.x_engine is not None:
+        names += [f"x_engine.{name}" for name in sorted(config.x_engine.model_fields_set)]
     return names
