@@ -29,7 +29,7 @@ from voice_app.core.conversation import ConversationItem, SpokenPiece, new_id
 from voice_app.core.models import Synthesizer
 from voice_app.core.speech_text import SentenceSettler, clean_for_speech
 from voice_app.core.turns import TurnClock
-from voice_app.events.protocol import message_item, server_event
+from voice_app.events.protocol import server_event
 
 log = logging.getLogger(__name__)
 
@@ -153,20 +153,6 @@ class Response:
         others = [t for t in self._tasks if t is not asyncio.current_task()]
         if others:
             await asyncio.gather(*others, return_exceptions=True)
-
-    def turn_report(self) -> dict[str, Any]:
-        """The x_turn.metrics fields: latencies of this turn in ms (None where not applicable)."""
-        clock, stats = self.clock, getattr(self.last_update, "stats", None)
-        return {
-            "response_id": self.id,
-            "speech_stopped_to_transcript_ms": clock.ms(clock.speech_stopped_at, clock.transcript_at),
-            "speech_stopped_to_first_draft_ms": clock.ms(clock.speech_stopped_at, clock.first_draft_at),
-            "speech_stopped_to_first_audio_ms": clock.ms(clock.speech_stopped_at, clock.first_audio_at),
-            "speech_stopped_to_done_ms": clock.ms(clock.speech_stopped_at, clock.done_at),
-            "barge_in_to_cleared_ms": clock.ms(clock.speech_started_at, clock.cleared_at),
-            "tokens_per_forward": round(stats.tokens_per_forward, 3) if stats else None,
-            "forward_passes": stats.forward_passes if stats else None,
-        }
 
     # ---- producers --------------------------------------------------------------------
 
@@ -370,33 +356,3 @@ class Response:
             if self.cancelled or not await self.sink.push(spoken.samples[offset:end], epoch):
                 return False
         return True
-
-    # ---- wire shapes ----------------------------------------------------------------------
-
-    def item_event_shape(self) -> dict[str, Any]:
-        return message_item(self.item.id, "assistant", self.item.text, self.item.status, self.audio_out)
-
-    def response_shape(self, status: str, reason: str | None = None) -> dict[str, Any]:
-        shape: dict[str, Any] = {
-            "id": self.id, "object": "realtime.response", "status": status,
-            "output_modalities": ["audio"] if self.audio_out else ["text"],
-            "output": [] if status == "in_progress" else [self.item_event_shape()],
-            "metadata": self.metadata,
-        }
-        if reason:
-            shape["status_details"] = {"type": status, "reason": reason}
-        elif status == "failed":
-            shape["status_details"] = {"type": "failed", "error": {
-                "type": "server_error", "code": "engine_error", "message": self.failure or "the reply failed"}}
-        if status != "in_progress":
-            shape["usage"] = self.usage()
-        return shape
-
-    def usage(self) -> dict[str, Any]:
-        """Token counts of response.done (all text: the voice is synthesised from the text)."""
-        stats = getattr(self.last_update, "stats", None)
-        prompt, new = (stats.prompt_tokens, stats.new_tokens) if stats is not None else (0, 0)
-        cached = stats.cached_prompt_tokens if stats is not None else 0  # copied from an earlier request's cache
-        return {"total_tokens": prompt + new, "input_tokens": prompt, "output_tokens": new,
-                "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": cached},
-                "output_token_details": {"text_tokens": new, "audio_tokens": 0}}

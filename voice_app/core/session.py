@@ -33,7 +33,7 @@ from voice_app.core.models import Models
 from voice_app.core.offload import submit_off_loop
 from voice_app.core.options import SessionOptions
 from voice_app.core.response import Response
-from voice_app.core.response_events import response_ended, response_started
+from voice_app.core.response_events import response_ended, response_started, turn_report
 from voice_app.core.speculation import Speculation
 from voice_app.core.turns import Listener, TurnClock, UserTurn
 from voice_app.events import protocol as p
@@ -416,7 +416,7 @@ class Session(ClientEvents):
         await self._report_turn_metrics(response)
 
     async def _report_turn_metrics(self, response: Response) -> None:
-        report = response.turn_report()
+        report = turn_report(response)
         # a barge-in during playback reports the turn a second time: count its latencies once
         self.metrics.observe_turn(report, first_report=not response.metrics_reported)
         response.metrics_reported = True
