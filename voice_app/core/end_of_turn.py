@@ -45,16 +45,27 @@ def sounds_cut_off(transcript: str) -> bool:
 
 
 # what people say to show they are listening, not to take the turn
-# (with the ways Whisper tiny spells "mm-hmm": "mm", "MM", "NMM", "Hmm", ...)
-BACKCHANNELS = {"mm", "mmm", "nmm", "hm", "hmm", "mhm", "mhmm", "mm-hmm", "mmhmm", "uh-huh", "uh", "um", "yeah",
+# (with the ways Whisper tiny spells "mm-hmm": "M", "mm", "MM", "NMM", "Hmm", ...)
+BACKCHANNELS = {"m", "mm", "mmm", "nmm", "hm", "hmm", "mhm", "mhmm", "mm-hmm", "mmhmm", "uh-huh", "uh", "um", "yeah",
                 "yes", "yep", "ok", "okay", "right", "sure", "i", "see", "got", "it", "oh", "ah", "wow", "nice", "cool",
                 "aha", "huh", "uhhuh", "mhmm"}
 
 
-def is_false_interruption(transcript: str) -> bool:
-    """No words (a cough, a door), or a bare backchannel of at most three words."""
+# A hum ("mm-hmm") is what Whisper tiny hears worst ("M", "minimum", "in a month", "an m m m"):
+# over a paused reply, speech this short (three syllables at most, whatever Whisper made of it)
+# that is neither a stop command nor a question is taken for one. A wrong guess costs little:
+# the reply resumes where it paused, and speech that goes on cuts it.
+HUM_MAX_SPEECH_MS = 600
+
+
+def is_false_interruption(transcript: str, speech_ms: int | None = None) -> bool:
+    """No words (a cough, a door), a bare backchannel of at most three words, or (given how
+    long the speech lasted) a hum, whatever words Whisper heard in it."""
     spoken = words(transcript.replace("-", ""))  # "mm-hmm" is one word here
-    return len(spoken) <= 3 and all(word in BACKCHANNELS for word in spoken)
+    if len(spoken) <= 3 and all(word in BACKCHANNELS for word in spoken):
+        return True
+    return (speech_ms is not None and speech_ms <= HUM_MAX_SPEECH_MS and "?" not in transcript
+            and not is_stop_command(transcript))
 
 
 # A whole turn that only tells the assistant to stop: it cuts the reply and gets no reply of its

@@ -214,7 +214,7 @@ class Session(ClientEvents):
 
     async def on_end_of_turn(self, transcript: str, clock: TurnClock) -> None:
         paused = self._active if self._active is not None and self._active.paused else None
-        if paused is not None and is_false_interruption(transcript):
+        if paused is not None and is_false_interruption(transcript, clock.speech_ms):
             log.info("session %s: %r over %s was no interruption: resuming it", self.id, transcript, paused.id)
             self.metrics.false_interruptions_total.inc()
             self._speculation.drop()

@@ -61,6 +61,7 @@ class TurnClock:
     speech_started_at: float | None = None  # of the speech that barged in
     cleared_at: float | None = None
     done_at: float | None = None  # the reply's response.done
+    speech_ms: int | None = None  # how long the turn's speech lasted (VAD), when turn detection ended it
 
     def ms(self, start: float | None, end: float | None) -> float | None:
         return None if start is None or end is None else round((end - start) * 1000.0, 1)
@@ -77,6 +78,7 @@ class UserTurn:
     stable_sent: str = ""
     transcriptions: list[tuple[int, asyncio.Task]] = field(default_factory=list)  # (audio end, decode)
     barged_in: bool = False
+    speech_ms: int = 0  # its speech so far, up to the last speech window
     # silence Whisper gets before the turn's audio: the part of the prefix padding the stream
     # did not hold (speech in its first 300 ms, or right after a clear or commit)
     lead_pad: int = 0
@@ -168,7 +170,8 @@ class Listener:
                 if self._rules.enabled:
                     await self._on_turn_event(turn_event)
             if self._rules.enabled and self.turn is not None:
-                await self._hooks.on_user_speaking(self.turn, self._detector.speech_ms())
+                self.turn.speech_ms = self._detector.speech_ms()
+                await self._hooks.on_user_speaking(self.turn, self.turn.speech_ms)
         if self.turn is None and self._rules.enabled:
             # the prefix padding is kept before the VAD's position, not the buffer's end: the
             # samples after it (a window not yet complete) are not judged yet, and a turn that
@@ -235,7 +238,7 @@ class Listener:
             self._spawn(self._at_pause(self.turn), "pause")
         elif turn_event.kind == "speech_stopped" and self.turn is not None:
             turn, self.turn = self.turn, None
-            clock = TurnClock(speech_stopped_at=time.monotonic())
+            clock = TurnClock(speech_stopped_at=time.monotonic(), speech_ms=turn.speech_ms)
             # copied now: the rest of this append, and later ones, trim the buffer before the
             # final transcript may need it
             audio = self._buffer.slice(turn.start_sample, turn_event.sample + FINAL_TAIL_SAMPLES).copy()
@@ -355,7 +358,7 @@ class Listener:
 
     def _backchannel(self, text: str) -> bool:
         """Words that only acknowledge a reply the user spoke over (which waits, paused)."""
-        return self._hooks.reply_paused() and is_false_interruption(text)
+        return self._hooks.reply_paused() and is_false_interruption(text, self._detector.speech_ms())
 
     async def _decode_until_tail(self, turn: UserTurn, speech_end: int) -> str:
         """The decode the final transcript reuses if the turn ends at this pause: exactly its

@@ -264,7 +264,7 @@ class SimulatedUser:
         result.eos_to_transcript_ms = ms_between(speech_end, transcripts[-1].at if transcripts else None)
         result.eos_to_first_audio_ms = ms_between(speech_end, first.at)
         score_transcript(result)
-        reply = PendingReply(result, response_id, created_index, first.at, speech_end)
+        reply = PendingReply(result, response_id, created_index, first.at, speech_end, mark)
         if leave_playing:
             self._pending_reply = reply  # the next turn talks over it
         else:
@@ -272,10 +272,12 @@ class SimulatedUser:
 
     async def _wait_done(self, reply: "PendingReply", heard_out: bool = True) -> None:
         result, timeout = reply.result, self.options.turn_timeout_s
-        _, done = await self.conn.wait_for(of_type("response.done", reply.response_id), reply.created_index,
-                                           timeout, "response.done")
+        done_index, done = await self.conn.wait_for(of_type("response.done", reply.response_id),
+                                                    reply.created_index, timeout, "response.done")
         result.status = done.event["response"]["status"]
         result.eos_to_done_ms = ms_between(reply.speech_end, done.at)
+        if result.one_turn is not None:  # a later part heard as its own turn may cut this reply
+            result.one_turn = result.one_turn and _transcripts_between(self.conn.events, reply.mark, done_index) == 1
         if result.expect:
             said = " ".join(normalized_words(reply_transcript(done.event)))
             result.on_topic = any(word in said for word in result.expect)
@@ -296,6 +298,12 @@ class SimulatedUser:
             await self._wait_done(reply)
 
 
+def _transcripts_between(events: list[ReceivedEvent], start: int, end: int) -> int:
+    return sum(1 for e in events[start:end]
+               if e.event["type"] == "conversation.item.input_audio_transcription.completed"
+               and e.event["transcript"].strip())
+
+
 @dataclass
 class PendingReply:
     """A reply whose `response.done` is still to come (left playing for a barge-in)."""
@@ -305,3 +313,4 @@ class PendingReply:
     created_index: int
     first_audio_at: float
     speech_end: float
+    mark: int  # the connection's event index when the turn's utterance began

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from dllm_engine.request import DraftUpdate
-from voice_app.core.end_of_turn import EndOfTurnJudge, last_word
+from voice_app.core.end_of_turn import HUM_MAX_SPEECH_MS, EndOfTurnJudge, is_false_interruption, last_word
 
 from ..fakes import ScriptedHandle
 
@@ -72,3 +72,13 @@ def test_last_word_ignores_punctuation_and_case():
     assert last_word("What is the capital OF?") == "of"
     assert last_word("What is 2 plus 2?") == "2"
     assert last_word("  ...  ") == ""
+
+
+@pytest.mark.parametrize("transcript, speech_ms, false_interruption", [
+    ("", None, True), ("Mm-hmm.", None, True), ("Okay, yeah.", 900, True),  # no words, backchannels
+    ("M", 420, True), ("minimum", 450, True), ("an m m m", 500, True),  # hums misheard: short speech
+    ("minimum", HUM_MAX_SPEECH_MS + 200, False), ("minimum", None, False),  # too long, or length unknown
+    ("Stop.", 380, False), ("Wait, stop.", 560, False), ("What?", 300, False),  # a command, a question
+])
+def test_a_false_interruption_is_no_words_a_backchannel_or_a_short_hum(transcript, speech_ms, false_interruption):
+    assert is_false_interruption(transcript, speech_ms) is false_interruption
