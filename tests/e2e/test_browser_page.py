@@ -152,6 +152,11 @@ def test_talking_over_the_reply_clears_playback_and_marks_it_interrupted(open_pa
     assert after["interruptions"] == 1
     assert after["errors"] == []
     assert "interrupted" in last(page, "turn-metrics").inner_text()
+    # the cut reply's timeline marks the barge-in: the server's figure, and how much was heard
+    cut = page.locator('[data-role="turn-timeline"][data-barge-in-ms]').first
+    cut.wait_for(timeout=10_000)
+    assert int(cut.get_attribute("data-barge-in-ms")) > 0
+    assert "cut after" in cut.inner_text() and "s heard" in cut.inner_text()
 
 
 def test_typed_question_gets_a_spoken_reply_on_a_phone_screen(open_page) -> None:

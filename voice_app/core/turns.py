@@ -358,7 +358,9 @@ class Listener:
 
     def _backchannel(self, text: str) -> bool:
         """Words that only acknowledge a reply the user spoke over (which waits, paused)."""
-        return self._hooks.reply_paused() and is_false_interruption(text, self._detector.speech_ms())
+        # the words alone: a short sound at a pause may be the start of a sentence ("So, ..."),
+        # which the length rule would take for a hum; that rule waits for the turn's end
+        return self._hooks.reply_paused() and is_false_interruption(text)
 
     async def _decode_until_tail(self, turn: UserTurn, speech_end: int) -> str:
         """The decode the final transcript reuses if the turn ends at this pause: exactly its
