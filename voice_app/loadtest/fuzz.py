@@ -166,6 +166,7 @@ class Canary:
         self.pause_s = pause_s
         self.report = CanaryReport()
         self.first_reply = asyncio.Event()
+        self.answered = asyncio.Event()  # set after each question's reply (or its failure)
         self.cases_running = False
 
     async def run(self, stop: asyncio.Event) -> CanaryReport:
@@ -180,6 +181,7 @@ class Canary:
             except (TimeoutError, ConnectionError):
                 self.report.failed_replies += 1
             self.first_reply.set()
+            self.answered.set()
             await asyncio.sleep(self.pause_s)
         if client is not None and not client.closed:
             await client.close()
@@ -254,7 +256,12 @@ async def run_fuzz(url: str, cases: list[FuzzCase], utterance: np.ndarray, heade
     lag_task = asyncio.create_task(lag.run())
     await asyncio.wait_for(canary.first_reply.wait(), 300)  # its normal gap, before any case
     canary.cases_running = True
+    asked_before = canary.report.replies + canary.report.failed_replies
     results = [await run_case(url, case, headers) for case in cases]
+    # the canary answers at least once more after the cases began, however fast they ran
+    while canary.report.replies + canary.report.failed_replies == asked_before and not canary_task.done():
+        canary.answered.clear()
+        await asyncio.wait_for(canary.answered.wait(), 300)
     stop.set()
     report = await canary_task
     lag_task.cancel()
