@@ -81,7 +81,7 @@ class SessionOptions:
     engine_takes_threshold: bool = True  # False: the model decodes exactly whatever the threshold
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "SessionOptions":
+    def from_settings(cls, settings: Settings, engine_takes_threshold: bool = True) -> "SessionOptions":
         return cls(instructions=settings.instructions, max_output_tokens=settings.max_new_tokens,
                    unlimited_output_tokens=settings.max_new_tokens, voice=settings.default_voice,
                    output_tokens_cap=min(settings.max_output_tokens_cap, MAX_OUTPUT_TOKENS),
@@ -90,7 +90,8 @@ class SessionOptions:
                                                 prefix_padding_ms=settings.prefix_padding_ms,
                                                 silence_duration_ms=settings.silence_duration_ms,
                                                 pause_ms=settings.draft_pause_ms),
-                   engine_mode=settings.engine_mode, engine_settings_allowed=settings.client_engine_settings)
+                   engine_mode=settings.engine_mode, engine_settings_allowed=settings.client_engine_settings,
+                   engine_takes_threshold=engine_takes_threshold)
 
     def reply_tokens(self, requested: int | str, event_id: str | None = None) -> int:
         """A client's max_output_tokens as a token count; ProtocolError when over the operator's

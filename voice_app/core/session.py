@@ -60,8 +60,7 @@ class Session(ClientEvents):
         self.models = models
         self.settings = settings
         self.metrics = metrics or VoiceMetrics()
-        self.options = SessionOptions.from_settings(settings)
-        self.options.engine_takes_threshold = models.engine.takes_threshold
+        self.options = SessionOptions.from_settings(settings, models.engine.takes_threshold)
         self.conversation = Conversation(max_items=settings.history_max_items, max_chars=settings.history_max_chars)
         self._fitter = ContextFitter(models.engine, settings.context_tokens)
         self.closed = False
