@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -176,39 +178,74 @@ def train_draft_head(head: DraftHead, embed: torch.Tensor, vocab_weight: torch.T
 
     bar = tqdm(total=int(budget), initial=int(spent), unit="s", dynamic_ncols=True,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16)
-    while step < config.max_steps and time.monotonic() - started < budget:
-        if time.monotonic() - last_eval >= config.eval_every_s:
-            result = evaluate(head, held_out, embed, vocab_weight, rope, config, evals, step,
-                              time.monotonic() - started, run_dir)
-            bar.write(f"held-out at {evals[-1]['seconds'] / 60:.1f} min: {result['tokens_per_pass']} tokens a "
-                      f"pass, by offset {result['by_offset']}")
-            last_eval = time.monotonic()
-        elapsed = time.monotonic() - started
-        lr = _schedule(step, elapsed / budget, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = train.sample(config.batch_size)
-        with autocast:
-            loss, stats = step_loss(head, batch, embed, vocab_weight, rope, config)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        step += 1
-        value = float(loss.detach())
-        history.append({"step": step, "loss": value, "lr": lr, "elapsed": round(time.monotonic() - started, 1),
-                        **{k: round(v, 4) for k, v in stats.items()}})
-        bar.update(time.monotonic() - started - bar.n)
-        bar.set_postfix(step=step, loss=f"{value:.3f}", first=f"{stats['first_right']:.2f}",
-                        kept=f"{stats['accepted']:.2f}")
-        if step % config.checkpoint_every == 0:
-            save()
+    pause = _PauseRequest()
+    try:
+        while step < config.max_steps and time.monotonic() - started < budget and not pause.asked:
+            if time.monotonic() - last_eval >= config.eval_every_s:
+                result = evaluate(head, held_out, embed, vocab_weight, rope, config, evals, step,
+                                  time.monotonic() - started, run_dir)
+                bar.write(f"held-out at {evals[-1]['seconds'] / 60:.1f} min: {result['tokens_per_pass']} tokens a "
+                          f"pass, by offset {result['by_offset']}")
+                last_eval = time.monotonic()
+            lr = _schedule(step, (time.monotonic() - started) / budget, config)
+            value, stats = _optimizer_step(head, optimizer, lr, train.sample(config.batch_size),
+                                           lambda batch: step_loss(head, batch, embed, vocab_weight, rope, config),
+                                           config.bf16)
+            step += 1
+            history.append({"step": step, "loss": value, "lr": lr, "elapsed": round(time.monotonic() - started, 1),
+                            **{k: round(v, 4) for k, v in stats.items()}})
+            bar.update(time.monotonic() - started - bar.n)
+            bar.set_postfix(step=step, loss=f"{value:.3f}", first=f"{stats['first_right']:.2f}",
+                            kept=f"{stats['accepted']:.2f}")
+            if step % config.checkpoint_every == 0:
+                save()
+    finally:
+        pause.restore()
     bar.close()
+    if pause.asked:  # paused (SIGTERM or Ctrl-C) to free the cores: resumes from this checkpoint
+        save()
+        raise TrainingPaused(f"paused at step {step} ({(time.monotonic() - started) / 60:.1f} minutes in); "
+                             "rerun to resume")
     if not evals or evals[-1]["step"] < step:  # the head as shipped gets its own measurement
         evaluate(head, held_out, embed, vocab_weight, rope, config, evals, step, time.monotonic() - started, run_dir)
     save()
     return history
+
+
+def _optimizer_step(head: DraftHead, optimizer, lr: float, batch: dict, loss_of, bf16: bool) -> tuple[float, dict]:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss, stats = loss_of(batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+    optimizer.step()
+    return float(loss.detach()), stats
+
+
+class TrainingPaused(Exception):
+    """The run stopped before its budget, on request, with its checkpoint saved."""
+
+
+class _PauseRequest:
+    """SIGTERM or Ctrl-C asks the loop to stop after the step it is in and save, so a benchmark
+    can have the cores; the time budget counts only the minutes spent training."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():  # only there can Python take signals
+            self.previous = {signum: signal.signal(signum, self._ask) for signum in self.SIGNALS}
+
+    def _ask(self, signum, frame) -> None:
+        self.asked = True
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
 
 def evaluate(head: DraftHead, held_out: list[tuple[str, Batches, object]], embed, vocab_weight, rope,

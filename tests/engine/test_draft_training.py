@@ -1,10 +1,13 @@
 """Training a draft head end to end on a tiny GGUF model: the target's features go to a store
 and back unchanged, the head learns to draft the target's own greedy replies (held-out
-acceptance rises), and a stopped run resumes from its checkpoint where it stopped."""
+acceptance rises), a stopped run resumes from its checkpoint where it stopped, and SIGTERM pauses
+a run cleanly."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -15,7 +18,8 @@ from dllm_engine.loading import load_model
 from dllm_engine.models.draft_head import DraftHead, DraftHeadSpec
 from dllm_engine.request import GenerationParams
 from dllm_engine.training.draft_features import FeatureStore, extract
-from dllm_engine.training.draft_trainer import Batches, DraftTrainConfig, MixedBatches, train_draft_head
+from dllm_engine.training.draft_trainer import (Batches, DraftTrainConfig, MixedBatches, TrainingPaused,
+                                               train_draft_head)
 from dllm_engine.training.trainer import draft_vocabulary
 from kernels import cpu
 from tiny_checkpoints import GGUF_VARIANTS, write_tiny_llama_gguf
@@ -92,3 +96,47 @@ def test_a_head_learns_the_targets_replies_and_a_run_resumes_where_it_stopped(di
                             DraftTrainConfig(**{**vars(config), "max_steps": 50}), tmp_path)
     assert [h["step"] for h in more] == list(range(1, 51))  # the old history and 10 new steps
     assert more[:40] == history
+
+
+class _SignalsAtSample:
+    """Training batches that send this process SIGTERM while the `at`-th batch is being drawn, as
+    `kill` does when a benchmark needs the cores."""
+
+    def __init__(self, batches: MixedBatches, at: int):
+        self.batches, self.at, self.drawn = batches, at, 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def sample(self, count: int) -> dict:
+        self.drawn += 1
+        if self.drawn == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.batches.sample(count)
+
+
+def test_sigterm_pauses_a_run_after_its_step_and_the_rerun_resumes_it(distilled, tmp_path):
+    loaded, records = distilled
+    store = FeatureStore(tmp_path / "features", TAPS, loaded.config.hidden_size)
+    extract(loaded, records, store)
+    vocab = draft_vocabulary(records, loaded.config.vocab_size, loaded.config.eos_token_ids)
+    embed = loaded.model.embed_tokens.detach()
+
+    def tokens_of(i):
+        return records[i]["prompt_ids"] + records[i]["reply_ids"]
+
+    train = MixedBatches([(Batches(store, vocab, loaded.config.vocab_size, BLOCK, anchors=4, seed=0), tokens_of)], 0)
+    held_out = [("all", Batches(store, vocab, loaded.config.vocab_size, BLOCK, anchors=4, seed=1), tokens_of)]
+    config = DraftTrainConfig(batch_size=2, warmup_steps=2, minutes=10, max_steps=12, eval_every_s=1e9,
+                              checkpoint_every=100, bf16=False)
+    spec = DraftHeadSpec(taps=TAPS, layers=1, block_size=BLOCK)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingPaused):
+        train_draft_head(DraftHead(loaded.config, spec), embed, embed[torch.tensor(vocab)], loaded.model.rope,
+                         _SignalsAtSample(train, at=5), held_out, config, tmp_path)
+    assert signal.getsignal(signal.SIGTERM) is before  # the process's own handling is back
+    assert torch.load(tmp_path / "draft_head.pt", weights_only=False)["step"] == 5  # the step in flight ended
+
+    history = train_draft_head(DraftHead(loaded.config, spec), embed, embed[torch.tensor(vocab)], loaded.model.rope,
+                               train, held_out, config, tmp_path)
+    assert [h["step"] for h in history] == list(range(1, 13))
