@@ -32,15 +32,17 @@ from dllm_engine.loading.registry import ADAPTER_DIR  # noqa: E402
 from dllm_engine.models.draft_head import DraftHead, DraftHeadSpec, even_taps  # noqa: E402
 from dllm_engine.training.draft_export import export_draft_head, plot_acceptance  # noqa: E402
 from dllm_engine.training.draft_features import FeatureStore, extract  # noqa: E402
-from dllm_engine.training.draft_trainer import (Batches, DraftTrainConfig, MixedBatches, evaluate,  # noqa: E402
-                                               train_draft_head)
+from dllm_engine.training.draft_trainer import (Batches, DraftTrainConfig, MixedBatches,  # noqa: E402
+                                               TrainingPaused, evaluate, train_draft_head)
 from dllm_engine.training.trainer import draft_vocabulary  # noqa: E402
 
 NAME = "smollm2-135m-bd.draft-head"
 
 
-# (name, train file, held-out file): the templated voice turns, and a broader draw of turns
-DATASETS = [("base", "train.jsonl", "eval.jsonl"), ("broad", "train-broad.jsonl", "eval-broad.jsonl")]
+# (name, train file, held-out file): the templated voice turns, a broader draw of turns, and the
+# wide draw (many question shapes over a large vocabulary; its held-out words are unseen)
+DATASETS = [("base", "train.jsonl", "eval.jsonl"), ("broad", "train-broad.jsonl", "eval-broad.jsonl"),
+            ("wide", "train-wide.jsonl", "eval-wide.jsonl")]
 
 
 def main() -> None:
@@ -53,7 +55,11 @@ def main() -> None:
     parser.add_argument("--broad-follow-ups", type=int, default=5000)
     parser.add_argument("--eval-prompts", type=int, default=150)
     parser.add_argument("--broad-eval-prompts", type=int, default=100)
+    parser.add_argument("--wide-prompts", type=int, default=5000, help="first turns of the wide draw")
+    parser.add_argument("--wide-follow-ups", type=int, default=2000)
+    parser.add_argument("--wide-eval-prompts", type=int, default=120)
     parser.add_argument("--max-new-tokens", type=int, default=80)
+    parser.add_argument("--wide-max-new-tokens", type=int, default=96)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--taps", type=int, default=5)
     parser.add_argument("--block-size", type=int, default=8, help="the block the head drafts (its first row is exact)")
@@ -106,7 +112,11 @@ def main() -> None:
             evaluate(head, held, embed, vocab_weight, loaded.model.rope, config, evals, state["step"],
                      state["seconds"], args.run_dir)
     else:
-        history = train_draft_head(head, embed, vocab_weight, loaded.model.rope, train, held, config, args.run_dir)
+        try:
+            history = train_draft_head(head, embed, vocab_weight, loaded.model.rope, train, held, config, args.run_dir)
+        except TrainingPaused as paused:
+            print(paused)
+            return
         evals = json.loads((args.run_dir / "draft_evals.json").read_text())
     size_bytes = export_draft_head(head, vocab, ADAPTER_DIR / f"{NAME}.safetensors", {
         "train_records": {name: len(records) for name, (records, _) in data.items()},
@@ -143,6 +153,7 @@ def distill_data(args) -> None:
     from dllm_engine.engine import Engine
     from dllm_engine.training.distill import distill, distill_broad
     from dllm_engine.training.prompts import broad_voice_prompts, voice_prompts
+    from dllm_engine.training.prompts_wide import wide_prompts
 
     # train and held-out prompts come from differently seeded draws; any overlap is removed from
     # train, and the broader draw leaves out both held-out sets
@@ -160,6 +171,11 @@ def distill_data(args) -> None:
         distill_broad(engine, broad_train, args.run_dir / "train-broad.jsonl", args.max_new_tokens,
                       follow_ups=args.broad_follow_ups, seed=args.seed)
         distill_broad(engine, broad_eval, args.run_dir / "eval-broad.jsonl", args.max_new_tokens, seed=args.seed + 1)
+        distill_broad(engine, wide_prompts(args.wide_eval_prompts, args.seed + 3000, "held_out"),
+                      args.run_dir / "eval-wide.jsonl", args.wide_max_new_tokens, seed=args.seed + 2)
+        distill_broad(engine, wide_prompts(args.wide_prompts, args.seed + 11, "train"),
+                      args.run_dir / "train-wide.jsonl", args.wide_max_new_tokens,
+                      follow_ups=args.wide_follow_ups, seed=args.seed + 3)
     finally:
         engine.close()
 

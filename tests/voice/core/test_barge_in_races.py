@@ -46,7 +46,7 @@ async def reply_being_made(log: GatedLog, **settings):
     session, _, _ = make_session(models, log=log, **settings)
     await say(session, models, QUESTION)
     first = await log.wait_for(lambda e: e["type"] == "response.output_audio_transcript.delta")
-    response = session._active
+    response = session.replies.active
     await until(lambda: len(response._spoken) == 2 and response.audio_waiting == 0)
     return session, models, response, first["response_id"]
 
@@ -54,15 +54,15 @@ async def reply_being_made(log: GatedLog, **settings):
 async def test_a_chunk_waiting_for_the_transport_when_the_sink_clears_is_dropped():
     log = GatedLog()
     session, _, _ = make_session(log=log)
-    sink = WireAudioSink(session._send, {"response_id": "resp_x", "item_id": "item_x", "output_index": 0,
+    sink = WireAudioSink(session.send, {"response_id": "resp_x", "item_id": "item_x", "output_index": 0,
                                           "content_index": 0})
     gate = log.hold(lambda e: e["type"] == "x_other")  # another event is being written, slowly
-    writing = asyncio.create_task(session._send(server_event("x_other")))
+    writing = asyncio.create_task(session.send(server_event("x_other")))
     await log.stalled.wait()
     chunk = asyncio.create_task(sink.push(np.ones(4800, dtype=np.int16), sink.epoch))  # decided: waits to go
     await asyncio.sleep(0)
     sink.clear()
-    cleared = asyncio.create_task(session._send(server_event("output_audio_buffer.cleared", response_id="resp_x")))
+    cleared = asyncio.create_task(session.send(server_event("output_audio_buffer.cleared", response_id="resp_x")))
     gate.set()
     assert await chunk is False
     await asyncio.gather(writing, cleared)

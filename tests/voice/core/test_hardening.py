@@ -81,7 +81,7 @@ async def test_a_handler_that_fails_costs_its_event_only(caplog):
     async def broken(event):
         raise IndexError("a bug")
 
-    session._handlers["response.cancel"] = broken
+    session._client_events._handlers["response.cancel"] = broken
     await session.handle_text(json.dumps({"type": "response.cancel", "event_id": "e9"}))
     error = log.events[-1]["error"]
     assert (error["type"], error["code"], error["event_id"]) == ("server_error", "server_error", "e9")

@@ -76,7 +76,7 @@ async def test_a_slow_reader_gets_its_whole_reply_in_bounded_memory_and_others_a
 async def sample_audio_waiting(server, samples: list[int]) -> None:
     while True:
         for session in list(server.voice_server.sessions):
-            samples += [response.audio_waiting for response in list(session._responses)]
+            samples += [response.audio_waiting for response in list(session.replies.live)]
         await asyncio.sleep(0.05)
 
 
