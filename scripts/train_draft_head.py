@@ -5,11 +5,13 @@
     .venv/bin/python scripts/train_draft_head.py --stage features      # only the target's features
 
 Stages:
-  distill   the base model's greedy replies to templated voice-style turns (first turns and
-            second turns over a cut-off or finished reply), made by our engine
+  distill   the base model's greedy replies to voice-style turns (first turns and second turns
+            over a cut-off or finished reply), made by our engine: templated turns, a broader
+            draw, and the wide draw (training/prompts_wide.py: its held-out words never trained)
   features  each conversation through the target once: tapped features, final hidden states,
             greedy tokens (dllm_engine/training/draft_features.py), train and held-out
-  train     time-boxed (--minutes is the run's whole budget), checkpoints in --run-dir
+  train     time-boxed (--minutes is the run's whole budget), checkpoints in --run-dir; SIGTERM
+            or Ctrl-C pauses it (the checkpoint is saved; the same command resumes it)
   export    the head into dllm_engine/adapters/ (Q8_0 blocks, < 16 MB) and the acceptance
             plot into docs/
 """
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--anchors", type=int, default=16)
     parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--eval-every", type=float, default=300.0, help="seconds between held-out measurements")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -98,7 +101,7 @@ def main() -> None:
     embed = loaded.model.embed_tokens.detach()
     vocab_weight = embed[torch.tensor(vocab)]
     config = DraftTrainConfig(batch_size=args.batch_size, anchors=args.anchors, lr=args.lr, minutes=args.minutes,
-                              seed=args.seed)
+                              seed=args.seed, eval_every_s=args.eval_every)
     size = loaded.config.vocab_size
     train = MixedBatches([(Batches(stores[name][0], vocab, size, spec.block_size, args.anchors, args.seed),
                            tokens_of(records)) for name, (records, _) in data.items()], args.seed)
