@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from dllm_engine.engine import DTYPES, Engine  # noqa: E402
 from dllm_engine.request import GenerationParams  # noqa: E402
 from dllm_engine.training.prompts import SANITY_QUESTIONS, conversation, voice_prompts  # noqa: E402
+from dllm_engine.training.prompts_wide import wide_prompts  # noqa: E402
 
 
 def run_all(engine: Engine, conversations: list, params: GenerationParams, concurrency: int) -> list:
@@ -62,6 +63,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-bd")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
     parser.add_argument("--eval-prompts", type=int, default=100)
+    parser.add_argument("--prompt-set", choices=["base", "wide"], default="base",
+                        help="base: the templated turns' held-out draw; wide: the wide draw's held-out part, "
+                             "about words no training turn names (training/prompts_wide.py)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--thresholds", default="exact",
                         help="comma-separated thresholds, or `exact` (the engine's default: lossless); "
@@ -77,7 +81,8 @@ def main() -> None:
 
     engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0,
                          activations=args.activations)
-    prompts = voice_prompts(args.eval_prompts, seed=1000)  # the held-out draw (scripts/train_adapter.py)
+    prompts = (voice_prompts(args.eval_prompts, seed=1000) if args.prompt_set == "base"  # the held-out draws
+               else wide_prompts(args.eval_prompts, seed=3000, part="held_out"))
     held_out = [conversation(p, voice_system=i % 2 == 0) for i, p in enumerate(prompts)]
     sanity = [[{"role": "user", "content": q}] for q, _ in SANITY_QUESTIONS]
 
@@ -90,7 +95,7 @@ def main() -> None:
     ar_held, ar_sanity = ar[:len(held_out)], ar[len(held_out):]
     report = {"model": args.model, "dtype": str(engine.cache_dtype).removeprefix("torch."),
               "activations": engine.activations, "kernel": engine.kernel,
-              "verify_drafts": args.verify_drafts, "eval_prompts": len(held_out),
+              "verify_drafts": args.verify_drafts, "eval_prompts": len(held_out), "prompt_set": args.prompt_set,
               "block_size": args.block_size or engine.config.block_size, "max_new_tokens": args.max_new_tokens,
               "sanity_questions": len(sanity),
               "ar_sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(ar_sanity, SANITY_QUESTIONS)) / len(sanity),
