@@ -194,7 +194,7 @@ def train_draft_head(head: DraftHead, embed: torch.Tensor, vocab_weight: torch.T
             step += 1
             history.append({"step": step, "loss": value, "lr": lr, "elapsed": round(time.monotonic() - started, 1),
                             **{k: round(v, 4) for k, v in stats.items()}})
-            bar.update(time.monotonic() - started - bar.n)
+            bar.update(min(time.monotonic() - started, budget) - bar.n)  # past the total, tqdm's format fails
             bar.set_postfix(step=step, loss=f"{value:.3f}", first=f"{stats['first_right']:.2f}",
                             kept=f"{stats['accepted']:.2f}")
             if step % config.checkpoint_every == 0:
