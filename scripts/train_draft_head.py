@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train the default model's draft head (dllm_engine/models/draft_head.py) on this machine.
 
-    .venv/bin/python scripts/train_draft_head.py --minutes 80          # every stage, resumable
+    .venv/bin/python scripts/train_draft_head.py --stage all         # every stage, resumable
     .venv/bin/python scripts/train_draft_head.py --stage features      # only the target's features
 
 Stages:
@@ -64,12 +64,12 @@ def main() -> None:
     parser.add_argument("--wide-max-new-tokens", type=int, default=96)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--taps", type=int, default=5)
-    parser.add_argument("--block-size", type=int, default=8, help="the block the head drafts (its first row is exact)")
-    parser.add_argument("--minutes", type=float, default=80.0)
+    parser.add_argument("--block-size", type=int, default=4, help="the block the head drafts (its first row is exact)")
+    parser.add_argument("--minutes", type=float, default=78.0)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--anchors", type=int, default=16)
+    parser.add_argument("--anchors", type=int, default=32)
     parser.add_argument("--lr", type=float, default=6e-4)
-    parser.add_argument("--eval-every", type=float, default=300.0, help="seconds between held-out measurements")
+    parser.add_argument("--eval-every", type=float, default=600.0, help="seconds between held-out measurements")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
