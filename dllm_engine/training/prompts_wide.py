@@ -1,11 +1,9 @@
 """A wide draw of user turns for the draft head's data: many question shapes over a large,
 categorised vocabulary, so the head learns how the target answers in general rather than
-memorising the replies to a few hundred templated questions.
-
-Measured on the first head (docs/models.md): teacher-forced on its own training records it kept
-3.6 tokens a pass, on held-out ones from the same templates 2.0. The held-out part of this draw
-uses subjects the training part never sees (every HELD_OUT_EVERY-th word of each category), so
-its acceptance measures answers to new content, not new combinations of old words.
+memorising the replies to a few hundred templated questions (a head trained on templates alone
+did that: docs/models.md). The held-out part of this draw uses subjects the training part never
+sees (every HELD_OUT_EVERY-th word of each category), so its acceptance measures answers to new
+content, not new combinations of old words.
 """
 
 from __future__ import annotations
