@@ -69,7 +69,7 @@ SUBJECTS: dict[str, list[str]] = {
                "a sunset", "a hurricane"],
 }
 
-# (frame, category or None for a whole-vocabulary slot "{x}")
+# each category's question shapes ({x}: a word of that category; {y}: the word without its article)
 FRAMES: dict[str, list[str]] = {
     "food": ["How do I make {x}?", "Is {x} good for you?", "What can I eat with {x}?", "Where does {x} come from?",
              "How long does {x} keep in the fridge?", "Give me a quick recipe with {x}.",
