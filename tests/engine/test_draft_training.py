@@ -65,15 +65,22 @@ def test_extracted_features_are_the_targets_and_its_greedy_tokens(distilled, tmp
     assert np.isfinite(np.asarray(final[:len(tokens)], dtype=np.float32)).all()
 
 
-def test_a_head_learns_the_targets_replies_and_a_run_resumes_where_it_stopped(distilled, tmp_path):
+def stored_features(distilled, tmp_path):
+    """The replies' features in a store, with what training reads beside them: (the model, the
+    store, the draft vocabulary, the embeddings, record -> its tokens)."""
     loaded, records = distilled
     store = FeatureStore(tmp_path / "features", TAPS, loaded.config.hidden_size)
     extract(loaded, records, store)
     vocab = draft_vocabulary(records, loaded.config.vocab_size, loaded.config.eos_token_ids)
-    embed = loaded.model.embed_tokens.detach()
 
     def tokens_of(i):
         return records[i]["prompt_ids"] + records[i]["reply_ids"]
+
+    return loaded, store, vocab, loaded.model.embed_tokens.detach(), tokens_of
+
+
+def test_a_head_learns_the_targets_replies_and_a_run_resumes_where_it_stopped(distilled, tmp_path):
+    loaded, store, vocab, embed, tokens_of = stored_features(distilled, tmp_path)
 
     def batches(seed):
         return Batches(store, vocab, loaded.config.vocab_size, BLOCK, anchors=8, seed=seed)
@@ -116,14 +123,7 @@ class _SignalsAtSample:
 
 
 def test_sigterm_pauses_a_run_after_its_step_and_the_rerun_resumes_it(distilled, tmp_path):
-    loaded, records = distilled
-    store = FeatureStore(tmp_path / "features", TAPS, loaded.config.hidden_size)
-    extract(loaded, records, store)
-    vocab = draft_vocabulary(records, loaded.config.vocab_size, loaded.config.eos_token_ids)
-    embed = loaded.model.embed_tokens.detach()
-
-    def tokens_of(i):
-        return records[i]["prompt_ids"] + records[i]["reply_ids"]
+    loaded, store, vocab, embed, tokens_of = stored_features(distilled, tmp_path)
 
     train = MixedBatches([(Batches(store, vocab, loaded.config.vocab_size, BLOCK, anchors=4, seed=0), tokens_of)], 0)
     held_out = [("all", Batches(store, vocab, loaded.config.vocab_size, BLOCK, anchors=4, seed=1), tokens_of)]
