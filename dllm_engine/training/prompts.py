@@ -152,10 +152,10 @@ def _fill(rng: random.Random, templates: list) -> str:
 
 def voice_prompts(count: int, seed: int) -> list[str]:
     """`count` distinct user turns drawn from the templates with a seeded generator."""
-    return _distinct(count, random.Random(seed), lambda rng: _fill(rng, _TEMPLATES), frozenset())
+    return distinct_draws(count, random.Random(seed), lambda rng: _fill(rng, _TEMPLATES), frozenset())
 
 
-def _distinct(count: int, rng: random.Random, draw, exclude: frozenset[str] | set[str]) -> list[str]:
+def distinct_draws(count: int, rng: random.Random, draw, exclude: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """Up to `count` distinct draws (never a sanity question or an excluded one), shuffled."""
     seen: set[str] = set()
     sanity = {q for q, _ in SANITY_QUESTIONS}
@@ -265,7 +265,7 @@ SERVER_SYSTEM_PROMPT = (
 
 def broad_voice_prompts(count: int, seed: int, exclude: set[str] = frozenset()) -> list[str]:
     """`count` distinct user turns from both template sets (the broader one twice as often)."""
-    return _distinct(count, random.Random(seed),
+    return distinct_draws(count, random.Random(seed),
                      lambda rng: _fill(rng, _BROAD_TEMPLATES if rng.random() < 2 / 3 else _TEMPLATES), exclude)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+from dllm_engine.training.prompts import distinct_draws
+
 HELD_OUT_EVERY = 6
 
 SUBJECTS: dict[str, list[str]] = {
@@ -137,12 +139,4 @@ def _draw(rng: random.Random, words: dict[str, list[str]]) -> str:
 def wide_prompts(count: int, seed: int, part: str) -> list[str]:
     """Up to `count` distinct user turns from the `part` ("train" or "held_out") vocabulary."""
     words = subjects(part)
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    attempts = 0
-    while len(seen) < count and attempts < count * 50:
-        attempts += 1
-        seen.add(_draw(rng, words))
-    prompts = sorted(seen)
-    rng.shuffle(prompts)
-    return prompts
+    return distinct_draws(count, random.Random(seed), lambda rng: _draw(rng, words))
