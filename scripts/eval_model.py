@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from dllm_engine.engine import DTYPES, Engine  # noqa: E402
 from dllm_engine.request import GenerationParams  # noqa: E402
 from dllm_engine.training.prompts import SANITY_QUESTIONS, conversation, voice_prompts  # noqa: E402
-from dllm_engine.training.prompts_wide import wide_prompts  # noqa: E402
+from dllm_engine.training.prompts_wide import HELD_OUT_SEED, wide_prompts  # noqa: E402
 
 
 def run_all(engine: Engine, conversations: list, params: GenerationParams, concurrency: int) -> list:
@@ -82,7 +82,7 @@ def main() -> None:
     engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0,
                          activations=args.activations)
     prompts = (voice_prompts(args.eval_prompts, seed=1000) if args.prompt_set == "base"  # the held-out draws
-               else wide_prompts(args.eval_prompts, seed=3000, part="held_out"))
+               else wide_prompts(args.eval_prompts, seed=HELD_OUT_SEED, part="held_out"))
     held_out = [conversation(p, voice_system=i % 2 == 0) for i, p in enumerate(prompts)]
     sanity = [[{"role": "user", "content": q}] for q, _ in SANITY_QUESTIONS]
 

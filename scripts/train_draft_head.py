@@ -156,7 +156,7 @@ def distill_data(args) -> None:
     from dllm_engine.engine import Engine
     from dllm_engine.training.distill import distill, distill_broad
     from dllm_engine.training.prompts import broad_voice_prompts, voice_prompts
-    from dllm_engine.training.prompts_wide import wide_prompts
+    from dllm_engine.training.prompts_wide import HELD_OUT_SEED, wide_prompts
 
     # train and held-out prompts come from differently seeded draws; any overlap is removed from
     # train, and the broader draw leaves out both held-out sets
@@ -174,7 +174,7 @@ def distill_data(args) -> None:
         distill_broad(engine, broad_train, args.run_dir / "train-broad.jsonl", args.max_new_tokens,
                       follow_ups=args.broad_follow_ups, seed=args.seed)
         distill_broad(engine, broad_eval, args.run_dir / "eval-broad.jsonl", args.max_new_tokens, seed=args.seed + 1)
-        distill_broad(engine, wide_prompts(args.wide_eval_prompts, args.seed + 3000, "held_out"),
+        distill_broad(engine, wide_prompts(args.wide_eval_prompts, args.seed + HELD_OUT_SEED, "held_out"),
                       args.run_dir / "eval-wide.jsonl", args.wide_max_new_tokens, seed=args.seed + 2)
         distill_broad(engine, wide_prompts(args.wide_prompts, args.seed + 11, "train"),
                       args.run_dir / "train-wide.jsonl", args.wide_max_new_tokens,

@@ -13,6 +13,7 @@ import random
 from dllm_engine.training.prompts import distinct_draws
 
 HELD_OUT_EVERY = 6
+HELD_OUT_SEED = 3000  # the held-out turns' draw (scripts/train_draft_head.py, scripts/eval_model.py)
 
 SUBJECTS: dict[str, list[str]] = {
     "food": ["lasagna", "miso soup", "avocado toast", "banana bread", "hummus", "fried rice", "guacamole",

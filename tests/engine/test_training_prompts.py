@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from dllm_engine.training.prompts import SANITY_QUESTIONS, broad_voice_prompts, voice_prompts
-from dllm_engine.training.prompts_wide import SUBJECTS, subjects, wide_prompts
+from dllm_engine.training.prompts_wide import HELD_OUT_SEED, SUBJECTS, subjects, wide_prompts
 
 
 def test_the_wide_draws_train_and_held_out_words_are_disjoint_and_cover_every_word():
@@ -20,7 +20,7 @@ def test_the_wide_draws_train_and_held_out_words_are_disjoint_and_cover_every_wo
 def test_held_out_turns_name_no_training_word():
     held_words = sorted({w for words in subjects("held_out").values() for w in words}, key=len, reverse=True)
     trained = {w for words in subjects("train").values() for w in words}
-    for prompt in wide_prompts(200, seed=3000, part="held_out"):
+    for prompt in wide_prompts(200, seed=HELD_OUT_SEED, part="held_out"):
         rest = f" {prompt.lower()} "
         for word in held_words:  # "tennis" may be in "table tennis", a held-out word
             rest = rest.replace(word.lower(), " ")
