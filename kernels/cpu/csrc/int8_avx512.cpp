@@ -44,26 +44,36 @@ inline __m512 half16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// Rows are the inner loop: each weight vector meets every row of the tile before the next, so
+// the tile's MR integer sums are MR independent `vpdpbusd` chains (one chain per row would wait
+// on the instruction's latency). Integer sums are exact in any order; the fp32 steps after them
+// are the AVX2 variant's, in its order.
 template <int MR>
 void q4_1_tile(const QuantizedRows& x, int64_t r0, const uint8_t* group, __m512 acc[MR]) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < x.blocks; ++b) {
     const uint8_t* blk = group + b * kQ41Bytes;
-    const __m512 dw = half16(blk), mw = half16(blk + 32);
-    __m512i w[8];
+    __m512i sums[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) sums[m] = _mm512_setzero_si512();
+#pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const __m512i raw = _mm512_loadu_si512(blk + 64 + 64 * v);
-      w[v] = _mm512_and_si512(raw, low);
-      w[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+      const __m512i lo = _mm512_and_si512(raw, low), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* xq = x.row(r0 + m) + 32 * b;
+        sums[m] = _mm512_dpbusd_epi32(sums[m], lo, broadcast4(xq + 4 * v));
+        sums[m] = _mm512_dpbusd_epi32(sums[m], hi, broadcast4(xq + 16 + 4 * v));
+      }
     }
+    const __m512 dw = half16(blk), mw = half16(blk + 32);
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
       const int64_t r = r0 + m;
-      const int8_t* xq = x.row(r) + 32 * b;
-      __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], broadcast4(xq));
-      for (int v = 1; v < 8; ++v) sums = _mm512_dpbusd_epi32(sums, w[v], broadcast4(xq + (v < 4 ? 4 * v : 16 + 4 * (v - 4))));
       const float dx = x.d[r * x.blocks + b];
       const float sx = x.scaled_sum[r * x.blocks + b];
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[m]), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[m]);
       acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[m]);
     }
   }
@@ -73,17 +83,20 @@ template <int MR>
 void q8_0_tile(const QuantizedRows& x, int64_t r0, const uint8_t* group, __m512 acc[MR]) {
   for (int64_t b = 0; b < x.blocks; ++b) {
     const uint8_t* blk = group + b * kQ80Bytes;
+    __m512i sums[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) sums[m] = _mm512_set1_epi32(-128 * x.sum[(r0 + m) * x.blocks + b]);  // the bytes are q + 128
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; ++v) {
+      const __m512i w = _mm512_loadu_si512(blk + 32 + 64 * v);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) sums[m] = _mm512_dpbusd_epi32(sums[m], w, broadcast4(x.row(r0 + m) + 32 * b + 4 * v));
+    }
     const __m512 dw = half16(blk);
-    __m512i w[8];
-    for (int v = 0; v < 8; ++v) w[v] = _mm512_loadu_si512(blk + 32 + 64 * v);
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
-      const int64_t r = r0 + m;
-      const int8_t* xq = x.row(r) + 32 * b;
-      __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], broadcast4(xq));
-      for (int v = 1; v < 8; ++v) sums = _mm512_dpbusd_epi32(sums, w[v], broadcast4(xq + 4 * v));
-      sums = _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * x.sum[r * x.blocks + b]));  // the bytes were q + 128
-      const float dx = x.d[r * x.blocks + b];
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[m]);
+      const float dx = x.d[(r0 + m) * x.blocks + b];
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[m]), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[m]);
     }
   }
 }
