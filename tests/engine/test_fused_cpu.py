@@ -60,7 +60,7 @@ def _passes(model, steps):
     fused = FusedCpuModel(model)
     results = []
     for forward in ("torch", "fused"):
-        caches = [KVCache(model.config, 64, torch.float32) for _ in range(2)]
+        caches = [KVCache(model.config, 128, torch.float32) for _ in range(2)]
         outputs = []
         for make_segments in steps:
             segments = make_segments(caches)
@@ -116,6 +116,25 @@ def test_the_adapter_acts_on_adapter_segments_only(make_tiny_bd):
 
 
 KERNELS = [("fp32", "auto")] + [("int8", variant) for variant in cpu.extension().int8_variants()]
+
+
+def test_attention_over_many_key_blocks_gives_a_row_the_same_bits_alone_or_in_a_block(tmp_path, tiny_tokenizer):
+    """Head dim 64 (the kernel's fast path), GQA, a cached prefix of 83 keys (several key blocks
+    and a partial one): six causal rows in one pass equal the same rows one pass each, bit for
+    bit, whatever rows and heads share a work item; and both equal the torch pass."""
+    spec = FAMILY_SPECS["qwen3"]
+    config = dict(spec.config, head_dim=64)
+    write_hf_checkpoint(tmp_path, type(spec)(spec.name, config, spec.reference, spec.attention), tiny_tokenizer)
+    model = load_model(str(tmp_path), dtype=torch.float32).model
+    prefix, block = _tokens(83, 6), _tokens(6, 7)
+    prefill = lambda c: [Segment(prefix, 0, c[0], 83, "causal")]
+    together = [prefill, lambda c: [Segment(block, 83, c[0], 89, "causal")]]
+    one_by_one = [prefill] + [lambda c, i=i: [Segment(block[i:i + 1], 83 + i, c[0], 84 + i, "causal")]
+                              for i in range(6)]
+    torch_rows, fused_rows = _passes(model, together)
+    _, fused_alone = _passes(model, one_by_one)
+    assert torch.equal(fused_rows[83:], fused_alone[83:])
+    assert float((torch_rows - fused_rows).abs().max()) < TOLERANCE
 
 
 @pytest.mark.parametrize("activations, kernel", KERNELS)

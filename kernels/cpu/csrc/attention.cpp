@@ -16,11 +16,16 @@ namespace {
 
 constexpr int64_t kRowsPerItem = 8;
 constexpr int64_t kRowsForHeadItems = 16;  // segments this short get an item per query head
+constexpr int64_t kKeysPerBlock = 32;       // a multiple of 8 (scores8)
 
 struct Item {
   int64_t segment, group, first, count;
   int64_t head0, heads;  // the group's query heads this item computes (all, or one)
 };
+
+bool same_rows(const Item& a, const Item& b) {
+  return a.segment == b.segment && a.group == b.group && a.first == b.first;
+}
 
 float* scratch(int slot, int64_t floats) {
   thread_local std::vector<float> buffers[3];
@@ -31,11 +36,16 @@ float* scratch(int slot, int64_t floats) {
 
 // row[0, n) = softmax(row[0, limit)), zero after
 void softmax_prefix(float* row, int64_t limit, int64_t n) {
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < limit; ++j) top = std::max(top, row[j]);
-  __m256 total = _mm256_setzero_ps();
-  __m256 top8 = _mm256_set1_ps(top);
+  // the maximum 8 lanes at a time (the same value in any order; a scalar loop is a chain of
+  // dependent compares the compiler may not reorder)
+  __m256 top8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t j = 0;
+  for (; j + 8 <= limit; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(row + j));
+  float top = hmax(top8);
+  for (; j < limit; ++j) top = std::max(top, row[j]);
+  top8 = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  j = 0;
   for (; j + 8 <= limit; j += 8) {
     __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), top8));
     _mm256_storeu_ps(row + j, e);
@@ -76,32 +86,34 @@ inline void scores8(const float* q, const float* K, int64_t d, float* s) {
   _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31)));
 }
 
-void scores(const float* q, const float* K, int64_t d, int64_t keys, float* s) {
-  int64_t j = 0;
+// s[j] = q · K[j] for keys [j0, j1): 8 at a time from j0, then one by one; j0 is a multiple of
+// 8 (a key block starts there), so every key is scored by the same code whatever the range.
+void scores(const float* q, const float* K, int64_t d, int64_t j0, int64_t j1, float* s) {
+  int64_t j = j0;
   if (d % 8 == 0) {
-    for (; j + 8 <= keys; j += 8) scores8(q, K + j * d, d, s + j);
-    for (; j < keys; ++j) {
+    for (; j + 8 <= j1; j += 8) scores8(q, K + j * d, d, s + j);
+    for (; j < j1; ++j) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(K + j * d + c), acc);
       s[j] = tree_sum(acc);
     }
     return;
   }
-  for (; j < keys; ++j) {  // head dims that are not a multiple of 8 (tiny test models)
+  for (; j < j1; ++j) {  // head dims that are not a multiple of 8 (tiny test models)
     float total = 0.0f;
     for (int64_t c = 0; c < d; ++c) total += q[c] * K[j * d + c];
     s[j] = total;
   }
 }
 
-// O[0:d) = sum_j P[j] V[j, 0:d): each lane accumulates over the keys in order (a key past a
-// row's limit has P = 0 and adds exactly nothing); all 64 columns of a head at once, so 8
-// independent FMA chains hide the FMA latency.
-void weighted_values(const float* P, int64_t keys, const float* V, int64_t d, float* O) {
+// O[0:d) += sum_{j in [j0, j1)} P[j] V[j, 0:d): each lane accumulates over the keys in order, so
+// a row's output is the same however its keys are cut into blocks (a key past a row's limit is
+// never visited). d = 64: all 64 columns of a head at once, 8 independent FMA chains.
+void weighted_values(const float* P, int64_t j0, int64_t j1, const float* V, int64_t d, float* O) {
   if (d == 64) {
     __m256 acc[8];
-    for (int v = 0; v < 8; ++v) acc[v] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < keys; ++j) {
+    for (int v = 0; v < 8; ++v) acc[v] = _mm256_loadu_ps(O + 8 * v);
+    for (int64_t j = j0; j < j1; ++j) {
       const __m256 p = _mm256_set1_ps(P[j]);
       for (int v = 0; v < 8; ++v) acc[v] = _mm256_fmadd_ps(p, _mm256_loadu_ps(V + j * 64 + 8 * v), acc[v]);
     }
@@ -109,31 +121,49 @@ void weighted_values(const float* P, int64_t keys, const float* V, int64_t d, fl
     return;
   }
   for (int64_t c = 0; c < d; ++c) {
-    float total = 0.0f;
-    for (int64_t j = 0; j < keys; ++j) total = std::fma(P[j], V[j * d + c], total);
+    float total = O[c];
+    for (int64_t j = j0; j < j1; ++j) total = std::fma(P[j], V[j * d + c], total);
     O[c] = total;
   }
 }
 
+// One item: every (row, query head) of it is a query over the same kv head's keys and values.
+// The keys go in blocks of kKeysPerBlock (8 KB of K or V at d = 64, kept in L1), and each block
+// serves every query before the next is read: the kv head is read once per item,
+// not once per row and head. Each query's arithmetic is the same as alone (scores per key,
+// softmax over its prefix, values in key order), so the grouping never changes its bits.
 void attend_item(const Item& item, const Segment& seg, int64_t layer, const AttentionShape& shape,
                  const float* q, int64_t ldq, float* out) {
   const int64_t d = shape.head_dim, first_head = item.group * (shape.heads / shape.kv_heads) + item.head0;
+  const int64_t queries = item.count * item.heads;
+  const int64_t longest = seg.key_limit(item.first + item.count - 1);  // limits grow with the row
   const float scale = 1.0f / std::sqrt(float(d));
-  float* Q = scratch(0, d);
-  float* S = scratch(1, seg.key_limit(item.first + item.count - 1));  // limits grow with the row
+  float* Q = scratch(0, queries * d);
+  float* S = scratch(1, queries * longest);
   const int64_t head_offset = (layer * shape.kv_heads + item.group) * seg.max_len * d;
   const float* K = seg.k + head_offset;
   const float* V = seg.v + head_offset;
-  for (int64_t i = 0; i < item.count; ++i) {
-    const int64_t row = seg.row0 + item.first + i, limit = seg.key_limit(item.first + i);
-    for (int64_t h = 0; h < item.heads; ++h) {
-      const float* src = q + row * ldq + (first_head + h) * d;
-      for (int64_t c = 0; c < d; ++c) Q[c] = src[c] * scale;
-      scores(Q, K, d, limit, S);
-      softmax_prefix(S, limit, limit);
-      weighted_values(S, limit, V, d, out + row * shape.heads * d + (first_head + h) * d);
-    }
+  auto row_of = [&](int64_t i) { return seg.row0 + item.first + i / item.heads; };
+  auto limit_of = [&](int64_t i) { return seg.key_limit(item.first + i / item.heads); };
+  auto out_of = [&](int64_t i) { return out + row_of(i) * shape.heads * d + (first_head + i % item.heads) * d; };
+  for (int64_t i = 0; i < queries; ++i) {
+    const float* src = q + row_of(i) * ldq + (first_head + i % item.heads) * d;
+    for (int64_t c = 0; c < d; ++c) Q[i * d + c] = src[c] * scale;
   }
+  for (int64_t j0 = 0; j0 < longest; j0 += kKeysPerBlock)
+    for (int64_t i = 0; i < queries; ++i) {
+      const int64_t limit = limit_of(i);
+      if (j0 < limit) scores(Q + i * d, K, d, j0, std::min(limit, j0 + kKeysPerBlock), S + i * longest);
+    }
+  for (int64_t i = 0; i < queries; ++i) {
+    softmax_prefix(S + i * longest, limit_of(i), limit_of(i));
+    std::fill(out_of(i), out_of(i) + d, 0.0f);
+  }
+  for (int64_t j0 = 0; j0 < longest; j0 += kKeysPerBlock)
+    for (int64_t i = 0; i < queries; ++i) {
+      const int64_t limit = limit_of(i);
+      if (j0 < limit) weighted_values(S + i * longest, j0, std::min(limit, j0 + kKeysPerBlock), V, d, out_of(i));
+    }
 }
 
 void write_cache(const Segment& seg, int64_t layer, const AttentionShape& shape, const float* k, const float* v,
@@ -183,8 +213,15 @@ void attention(const std::vector<Segment>& segments, int64_t layer, const Attent
             items.push_back({s, g, first, std::min(kRowsPerItem, rows - first), per_head ? h : 0, per_head ? 1 : group});
     }
     team.barrier();
-    const auto [i0, i1] = team.share(int64_t(items.size()));  // neighbours share keys and values
-    for (int64_t i = i0; i < i1; ++i) attend_item(items[i], segments[items[i].segment], layer, shape, qkv, ld, out);
+    // a thread's share is a run of neighbours; the query heads of one kv head in it merge into
+    // one item, which reads the keys and values once for all of them
+    const auto [i0, i1] = team.share(int64_t(items.size()));
+    for (int64_t i = i0; i < i1;) {
+      Item merged = items[i];
+      for (++i; i < i1 && same_rows(items[i], merged) && items[i].head0 == merged.head0 + merged.heads; ++i)
+        merged.heads += items[i].heads;
+      attend_item(merged, segments[merged.segment], layer, shape, qkv, ld, out);
+    }
     team.barrier();
   }
 }
