@@ -172,35 +172,48 @@ def fma_rate_gmacs() -> float:
     return 10 * 1024**3 / (time.perf_counter() - started) / 1e9
 
 
-def pass_costs(engine, sizes=PASS_SIZES, context: int = 200, repeats: int = 10) -> list[dict]:
+def pass_costs(engine, sizes=PASS_SIZES, context: int = 200, repeats: int = 10, rounds: int = 4) -> list[dict]:
     """Median ms of one pass of a request with `context` cached tokens carrying n tokens (a
     verify pass: n causal rows; with a LoRA drafter: one cache-write row and n - 1 drafted rows
-    with the adapter on), and the head on every row."""
+    with the adapter on), and the head on every row. The sizes are timed in interleaved rounds
+    and each keeps its best round (with its phases): on a shared host one timing per size
+    measured the neighbours' load as much as the pass."""
     runner, config = engine._runner, engine.config
     context = max(1, min(context, config.max_position_embeddings - max(sizes) - 1))  # a small model's context
     cache = KVCache(config, context + max(sizes) + 1, engine.cache_dtype, engine.device)
     mask = config.mask_token_id if config.mask_token_id is not None else 0
     filler = (torch.arange(context) % 1000 + 100) % config.vocab_size
     runner.pass_.forward([Segment(filler, 0, cache, context)], [context - 1])
-    results = []
-    for n in sizes:
-        if engine.model.has_adapter:  # a LoRA drafter's step: the cache write, then the masked block
-            segments = [Segment(torch.tensor([42]), context, cache, context + 1)]
-            if n > 1:
-                segments.append(Segment(torch.full((n - 1,), mask), context + 1, cache, context + n, "full",
-                                        adapter=True))
-        else:  # a verify pass: the last exact token and n - 1 drafts, causal
-            segments = [Segment(torch.arange(n) + 42, context, cache, context + n)]
-        times = []
-        profiler = _PhaseProfile(engine)
-        for i in range(repeats + 2):
-            profiler.on(i == 2)  # the warm-up passes are not counted
-            started = time.perf_counter()
-            with torch.inference_mode():
-                runner.pass_.greedy(runner.pass_.forward(segments, list(range(n))))
-            times.append(time.perf_counter() - started)
-        results.append({"tokens": n, "ms": 1000 * statistics.median(times[2:]), "phases_ms": profiler.read()})
-    return results
+    best: dict[int, dict] = {}
+    for _ in range(rounds):
+        for n in sizes:
+            timed = _time_pass(engine, _pass_segments(engine, cache, context, mask, n), n, repeats)
+            if n not in best or timed["ms"] < best[n]["ms"]:
+                best[n] = {"tokens": n, **timed}
+    return [best[n] for n in sizes]
+
+
+def _pass_segments(engine, cache, context: int, mask: int, n: int) -> list[Segment]:
+    if engine.model.has_adapter:  # a LoRA drafter's step: the cache write, then the masked block
+        segments = [Segment(torch.tensor([42]), context, cache, context + 1)]
+        if n > 1:
+            segments.append(Segment(torch.full((n - 1,), mask), context + 1, cache, context + n, "full",
+                                    adapter=True))
+        return segments
+    return [Segment(torch.arange(n) + 42, context, cache, context + n)]  # a verify pass: causal
+
+
+def _time_pass(engine, segments: list[Segment], n: int, repeats: int) -> dict:
+    pass_ = engine._runner.pass_
+    times = []
+    profiler = _PhaseProfile(engine)
+    for i in range(repeats + 2):
+        profiler.on(i == 2)  # the warm-up passes are not counted
+        started = time.perf_counter()
+        with torch.inference_mode():
+            pass_.greedy(pass_.forward(segments, list(range(n))))
+        times.append(time.perf_counter() - started)
+    return {"ms": 1000 * statistics.median(times[2:]), "phases_ms": profiler.read()}
 
 
 class _PhaseProfile:
@@ -374,7 +387,8 @@ def format_table(report: dict) -> str:
     if report.get("pass_costs"):
         costs = report["pass_costs"]
         lines += ["", "One pass by the rows it carries (a verify pass: causal rows; head on every row), "
-                  "median ms, beside its floor:", "",
+                  "200 cached tokens, ms (the median of 10 passes, the best of 4 rounds over the sizes in turn), "
+                  "beside its floor:", "",
                   "| rows in the pass | " + " | ".join(str(c["tokens"]) for c in costs) + " |",
                   "|---" * (1 + len(costs)) + "|",
                   "| ms per pass | " + " | ".join(f"{c['ms']:.1f}" for c in costs) + " |",
