@@ -283,7 +283,7 @@ def run_bench(args) -> int:
     # copy instead of the prefill a new conversation pays
     engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device,
                          backend=args.backend, prefix_cache_entries=0, activations=args.activations,
-                         kernel=args.kernel)
+                         kernel=args.kernel, kv_cache=args.kv_cache)
     prompts = BENCH_PROMPTS[: max(1, args.prompts)]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     modes = ["diffusion", "autoregressive"] if engine.config.is_diffusion else ["autoregressive"]
@@ -349,7 +349,8 @@ def format_table(report: dict) -> str:
     results = report["results"]
     levels = list(next(iter(results.values()))["concurrency"])
     lines = [
-        f"model `{report['model']}` ({report['backend']} pass, {report['activations']} activations, kernel "
+        f"model `{report['model']}` ({report['backend']} pass, {report['activations']} activations, "
+        f"{report['dtype']} keys and values, kernel "
         f"{report['kernel']}, {report['machine']}; CPU flags: {' '.join(report['cpu_flags']) or 'unknown'}), "
         f"{report['prompts']} prompts, max {report['max_new_tokens']} new tokens, block {report['block_size']}, "
         f"commits: {report['threshold']}",

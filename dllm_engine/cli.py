@@ -28,6 +28,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                              "the fused pass); fp32: dequantized weights times fp32 activations")
     parser.add_argument("--kernel", default="auto",
                         help="the integer kernel variant: auto (the best this CPU runs), avx512_vnni or avx2")
+    parser.add_argument("--kv-cache", default="auto", choices=["auto", "fp16", "fp32"],
+                        help="the fused pass's keys and values: fp16 (half the bytes its attention reads; auto's "
+                             "choice with int8 activations) or fp32 (auto's with fp32 activations)")
     parser.add_argument("--download", action="store_true", help="allow fetching a hub id that is not cached (online only)")
 
 
@@ -59,7 +62,7 @@ def _load_engine(args):
     from dllm_engine.engine import Engine
 
     return Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device, backend=args.backend,
-                       activations=args.activations, kernel=args.kernel)
+                       activations=args.activations, kernel=args.kernel, kv_cache=args.kv_cache)
 
 
 def cmd_generate(args) -> int:

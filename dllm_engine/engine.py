@@ -37,7 +37,7 @@ from dllm_engine.memory import release_free_memory
 from dllm_engine.models.families import FAMILIES
 from dllm_engine.request import (DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle,
                                  RequestStats)
-from dllm_engine.runner import ModelRunner, resolve_activations, resolve_pass
+from dllm_engine.runner import ModelRunner, resolve_activations, resolve_kv_cache, resolve_pass
 from dllm_engine.scheduler import BACKGROUND_EVERY, LiveRequest, Scheduler
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ PREFILL_CHUNK = 64
 
 class Engine:
     def __init__(self, loaded: LoadedModel, max_live_requests: int = 32, max_cached_tokens: int = 131072,
-                 clock: Callable[[], float] = time.monotonic, cache_dtype: torch.dtype | None = None,
+                 clock: Callable[[], float] = time.monotonic, kv_cache: str = "auto",
                  prefix_cache_entries: int = 16, backend: str = "auto", activations: str = "auto",
                  kernel: str = "auto", prefill_chunk: int = PREFILL_CHUNK):
         self.loaded = loaded
@@ -69,8 +69,7 @@ class Engine:
         self.activations = resolve_activations(activations, self.backend)
         self.kernel = kernel  # the integer kernel variant asked for; the runner says which runs
         self.prefill_chunk = prefill_chunk
-        # the fused CPU pass computes in fp32 and reads fp32 caches
-        self.cache_dtype = torch.float32 if self.backend == "fused" else (cache_dtype or self.model.embed_tokens.dtype)
+        self.cache_dtype = resolve_kv_cache(kv_cache, self.backend, self.activations, self.model.embed_tokens.dtype)
         # what mode="auto" runs: diffusion where the model has it, until choose_mode measures
         self.auto_mode: Mode = "diffusion" if self.config.is_diffusion else "autoregressive"
         self._ids = itertools.count(1)
@@ -141,6 +140,7 @@ class Engine:
         age = None if self.last_step_at is None else round(self.clock() - self.last_step_at, 3)
         return {"alive": self.alive, "failure": self._failure, "backend": self.backend,
                 "activations": self.activations, "kernel": self.kernel,
+                "kv_cache": str(self.cache_dtype).removeprefix("torch."),
                 "live_requests": self.live_requests, "forward_passes": self.forward_passes,
                 "seconds_since_last_step": age}
 

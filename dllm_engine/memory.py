@@ -1,7 +1,7 @@
 """Handing freed memory back to the operating system.
 
-Every engine request allocates its own KV cache (fp32 on the fused CPU pass: 46 KB a token for
-SmolLM2, so 30-80 MB for a voice prompt and its reply), and a voice session submits several a
+Every engine request allocates its own KV cache (fp16 on the fused CPU pass: 23 KB a token for
+SmolLM2, so 15-40 MB for a voice prompt and its reply), and a voice session submits several a
 turn (drafts, end-of-turn verdicts, the reply). glibc's malloc serves allocations under its
 dynamic mmap threshold (which grows up to 32 MB as large blocks are freed) from its heaps, and
 a heap only shrinks from the top: caches of varying sizes leave free holes that stay resident.

@@ -109,6 +109,26 @@ def resolve_pass(backend: str, device: torch.device) -> str:
 ACTIVATIONS = ("auto", "int8", "fp32")
 
 
+KV_CACHES = ("auto", "fp16", "fp32")
+
+
+def resolve_kv_cache(kv_cache: str, backend: str, activations: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of every request's keys and values. 'auto': on the fused CPU pass fp16 with
+    8-bit activations (its attention is bound by reading them; docs/kernels.md measures the
+    effect on replies) and fp32 with fp32 activations (the pass that equals transformers); the
+    model's dtype on torch. 'fp16' / 'fp32' choose for the fused pass."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+    if backend != "fused":
+        if kv_cache != "auto":
+            raise ValueError(f"kv_cache={kv_cache!r} chooses the fused CPU pass's caches; the torch pass keeps the "
+                             "model's dtype")
+        return model_dtype
+    if kv_cache == "auto":
+        kv_cache = "fp16" if activations == "int8" else "fp32"
+    return torch.float16 if kv_cache == "fp16" else torch.float32
+
+
 def resolve_activations(activations: str, backend: str) -> str:
     """'auto': 8-bit activations on the fused CPU pass (its integer kernels), fp32 on torch."""
     if activations not in ACTIVATIONS:

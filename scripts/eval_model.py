@@ -76,11 +76,13 @@ def main() -> None:
                         help="drafts the cache write checks each step (0: off)")
     parser.add_argument("--activations", default="auto", choices=["auto", "int8", "fp32"],
                         help="the fused pass's activations (auto: int8)")
+    parser.add_argument("--kv-cache", default="auto", choices=["auto", "fp16", "fp32"],
+                        help="the fused pass's keys and values (auto: fp16 with int8 activations)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args()
 
     engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0,
-                         activations=args.activations)
+                         activations=args.activations, kv_cache=args.kv_cache)
     prompts = (voice_prompts(args.eval_prompts, seed=1000) if args.prompt_set == "base"  # the held-out draws
                else wide_prompts(args.eval_prompts, seed=HELD_OUT_SEED, part="held_out"))
     held_out = [conversation(p, voice_system=i % 2 == 0) for i, p in enumerate(prompts)]

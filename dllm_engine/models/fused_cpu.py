@@ -23,6 +23,8 @@ from dllm_engine.models.transformer import Segment, Transformer
 
 _VISIBILITY = {"full": 0, "causal": 1, "blocks": 2}
 ACTIVATIONS = ("int8", "fp32")
+# keys and values the pass reads: fp16 halves what attention streams from memory (the default)
+KV_CACHE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass
@@ -183,8 +185,8 @@ class FusedCpuModel:
         table, row0, adapter_rows = [], 0, []
         for s in segments:
             count = s.tokens.numel()
-            if s.cache.k.dtype != torch.float32:
-                raise ValueError(f"the fused CPU model needs fp32 KV caches, got {s.cache.k.dtype}")
+            if s.cache.k.dtype not in KV_CACHE_DTYPES.values():
+                raise ValueError(f"the fused CPU model needs fp32 or fp16 KV caches, got {s.cache.k.dtype}")
             table.append((row0, count, s.start, s.attend_len, _VISIBILITY[s.visibility], s.block_size))
             if s.adapter and self.has_adapter:
                 adapter_rows.extend(range(row0, row0 + count))

@@ -54,13 +54,14 @@ def test_matmul_refuses_blocks_that_do_not_fit_the_shape():
         cpu.extension().linear(torch.randn(1, 48), torch.zeros(8 * 48, dtype=torch.uint8), cpu.Q4_1, 8, 48)
 
 
-def _passes(model, steps):
+def _passes(model, steps, fused_cache=torch.float32):
     """The hidden states of every row of each pass in `steps` (lists of segment factories over
-    fresh caches), through the torch pass and the fused pass."""
+    fresh caches), through the torch pass and the fused pass (its caches `fused_cache`)."""
     fused = FusedCpuModel(model)
     results = []
     for forward in ("torch", "fused"):
-        caches = [KVCache(model.config, 128, torch.float32) for _ in range(2)]
+        dtype = torch.float32 if forward == "torch" else fused_cache
+        caches = [KVCache(model.config, 128, dtype) for _ in range(2)]
         outputs = []
         for make_segments in steps:
             segments = make_segments(caches)
@@ -118,10 +119,13 @@ def test_the_adapter_acts_on_adapter_segments_only(make_tiny_bd):
 KERNELS = [("fp32", "auto")] + [("int8", variant) for variant in cpu.extension().int8_variants()]
 
 
-def test_attention_over_many_key_blocks_gives_a_row_the_same_bits_alone_or_in_a_block(tmp_path, tiny_tokenizer):
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16])
+def test_attention_over_many_key_blocks_gives_a_row_the_same_bits_alone_or_in_a_block(tmp_path, tiny_tokenizer,
+                                                                                      cache):
     """Head dim 64 (the kernel's fast path), GQA, a cached prefix of 83 keys (several key blocks
     and a partial one): six causal rows in one pass equal the same rows one pass each, bit for
-    bit, whatever rows and heads share a work item; and both equal the torch pass."""
+    bit, whatever rows and heads share a work item; and both equal the torch pass (over fp32
+    caches: to within fp32's summation order, or fp16's rounding of the keys and values)."""
     spec = FAMILY_SPECS["qwen3"]
     config = dict(spec.config, head_dim=64)
     write_hf_checkpoint(tmp_path, type(spec)(spec.name, config, spec.reference, spec.attention), tiny_tokenizer)
@@ -131,10 +135,11 @@ def test_attention_over_many_key_blocks_gives_a_row_the_same_bits_alone_or_in_a_
     together = [prefill, lambda c: [Segment(block, 83, c[0], 89, "causal")]]
     one_by_one = [prefill] + [lambda c, i=i: [Segment(block[i:i + 1], 83 + i, c[0], 84 + i, "causal")]
                               for i in range(6)]
-    torch_rows, fused_rows = _passes(model, together)
-    _, fused_alone = _passes(model, one_by_one)
+    torch_rows, fused_rows = _passes(model, together, cache)
+    _, fused_alone = _passes(model, one_by_one, cache)
     assert torch.equal(fused_rows[83:], fused_alone[83:])
-    assert float((torch_rows - fused_rows).abs().max()) < TOLERANCE
+    tolerance = TOLERANCE if cache == torch.float32 else 1e-3 * float(torch_rows.abs().max())
+    assert float((torch_rows - fused_rows).abs().max()) < tolerance
 
 
 @pytest.mark.parametrize("activations, kernel", KERNELS)
@@ -203,7 +208,7 @@ def test_a_malformed_pass_is_refused_with_what_was_wrong(make_tiny_bd):
     loaded = make_tiny_bd(seed=1)
     fused = FusedCpuModel(loaded.model)
     cache = KVCache(loaded.config, 16, torch.float32)
-    with pytest.raises(ValueError, match="fp32 KV caches"):
+    with pytest.raises(ValueError, match="fp32 or fp16 KV caches"):
         fused.forward([Segment(_tokens(3, 1), 0, KVCache(loaded.config, 16, torch.bfloat16), 3)], [0])
     with pytest.raises(RuntimeError, match="output row out of range"):
         fused.forward([Segment(_tokens(3, 1), 0, cache, 3)], [3])
@@ -217,7 +222,7 @@ def test_the_engine_gives_the_same_tokens_on_either_pass(make_tiny_bd, mode):
     params = GenerationParams(mode=mode, max_new_tokens=12, block_size=4, threshold=0.3, stop_at_eos=False)
     replies = {}
     for backend in ("torch", "fused"):  # the torch pass quantizes activations as the fused one does
-        engine = Engine(loaded, backend=backend, activations="int8")
+        engine = Engine(loaded, backend=backend, activations="int8", kv_cache="fp32" if backend == "fused" else "auto")
         try:
             assert engine.backend == backend
             replies[backend] = [engine.generate(p, params).token_ids for p in ("Hello there!", "Tell me a story.")]
@@ -253,3 +258,17 @@ def test_a_draft_vocabulary_leaves_exact_replies_unchanged(make_tiny_bd):
     finally:
         engine.close()
         loaded.draft_vocab = None
+
+
+def test_the_kv_cache_dtype_follows_the_activations_and_is_refused_where_it_does_not_apply():
+    from dllm_engine.runner import resolve_kv_cache
+
+    assert resolve_kv_cache("auto", "fused", "int8", torch.float32) == torch.float16
+    assert resolve_kv_cache("auto", "fused", "fp32", torch.float32) == torch.float32  # equals transformers
+    assert resolve_kv_cache("fp32", "fused", "int8", torch.float32) == torch.float32
+    assert resolve_kv_cache("fp16", "fused", "fp32", torch.float32) == torch.float16
+    assert resolve_kv_cache("auto", "torch", "fp32", torch.bfloat16) == torch.bfloat16
+    with pytest.raises(ValueError, match="fused CPU pass"):
+        resolve_kv_cache("fp16", "torch", "fp32", torch.float32)
+    with pytest.raises(ValueError, match="kv_cache must be one of auto, fp16, fp32, got 'int4'"):
+        resolve_kv_cache("int4", "fused", "int8", torch.float32)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "simd.h"
@@ -22,6 +23,13 @@ struct Item {
   int64_t segment, group, first, count;
   int64_t head0, heads;  // the group's query heads this item computes (all, or one)
 };
+
+// Cache elements: fp32, or fp16 (uint16_t) widened exactly to fp32 on load; every operation
+// after the load is the same for both.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline float value(float x) { return x; }
+inline float value(uint16_t h) { return fp16_to_fp32(h); }
 
 bool same_rows(const Item& a, const Item& b) {
   return a.segment == b.segment && a.group == b.group && a.first == b.first;
@@ -73,12 +81,13 @@ inline float tree_sum(__m256 v) {
 // them reduced and transposed together. Every score is the same whatever block or count of
 // keys it is computed in (the tail uses the same order), so a row's attention never depends
 // on the other rows of its item.
-inline void scores8(const float* q, const float* K, int64_t d, float* s) {
+template <typename T>
+inline void scores8(const float* q, const T* K, int64_t d, float* s) {
   __m256 acc[8];
   for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; c += 8) {
     const __m256 qv = _mm256_loadu_ps(q + c);
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + j * d + c), acc[j]);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(K + j * d + c), acc[j]);
   }
   const __m256 h0 = _mm256_hadd_ps(acc[0], acc[1]), h1 = _mm256_hadd_ps(acc[2], acc[3]);
   const __m256 h2 = _mm256_hadd_ps(acc[4], acc[5]), h3 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -88,20 +97,21 @@ inline void scores8(const float* q, const float* K, int64_t d, float* s) {
 
 // s[j] = q · K[j] for keys [j0, j1): 8 at a time from j0, then one by one; j0 is a multiple of
 // 8 (a key block starts there), so every key is scored by the same code whatever the range.
-void scores(const float* q, const float* K, int64_t d, int64_t j0, int64_t j1, float* s) {
+template <typename T>
+void scores(const float* q, const T* K, int64_t d, int64_t j0, int64_t j1, float* s) {
   int64_t j = j0;
   if (d % 8 == 0) {
     for (; j + 8 <= j1; j += 8) scores8(q, K + j * d, d, s + j);
     for (; j < j1; ++j) {
       __m256 acc = _mm256_setzero_ps();
-      for (int64_t c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(K + j * d + c), acc);
+      for (int64_t c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load8(K + j * d + c), acc);
       s[j] = tree_sum(acc);
     }
     return;
   }
   for (; j < j1; ++j) {  // head dims that are not a multiple of 8 (tiny test models)
     float total = 0.0f;
-    for (int64_t c = 0; c < d; ++c) total += q[c] * K[j * d + c];
+    for (int64_t c = 0; c < d; ++c) total += q[c] * value(K[j * d + c]);
     s[j] = total;
   }
 }
@@ -109,20 +119,21 @@ void scores(const float* q, const float* K, int64_t d, int64_t j0, int64_t j1, f
 // O[0:d) += sum_{j in [j0, j1)} P[j] V[j, 0:d): each lane accumulates over the keys in order, so
 // a row's output is the same however its keys are cut into blocks (a key past a row's limit is
 // never visited). d = 64: all 64 columns of a head at once, 8 independent FMA chains.
-void weighted_values(const float* P, int64_t j0, int64_t j1, const float* V, int64_t d, float* O) {
+template <typename T>
+void weighted_values(const float* P, int64_t j0, int64_t j1, const T* V, int64_t d, float* O) {
   if (d == 64) {
     __m256 acc[8];
     for (int v = 0; v < 8; ++v) acc[v] = _mm256_loadu_ps(O + 8 * v);
     for (int64_t j = j0; j < j1; ++j) {
       const __m256 p = _mm256_set1_ps(P[j]);
-      for (int v = 0; v < 8; ++v) acc[v] = _mm256_fmadd_ps(p, _mm256_loadu_ps(V + j * 64 + 8 * v), acc[v]);
+      for (int v = 0; v < 8; ++v) acc[v] = _mm256_fmadd_ps(p, load8(V + j * 64 + 8 * v), acc[v]);
     }
     for (int v = 0; v < 8; ++v) _mm256_storeu_ps(O + 8 * v, acc[v]);
     return;
   }
   for (int64_t c = 0; c < d; ++c) {
     float total = O[c];
-    for (int64_t j = j0; j < j1; ++j) total = std::fma(P[j], V[j * d + c], total);
+    for (int64_t j = j0; j < j1; ++j) total = std::fma(P[j], value(V[j * d + c]), total);
     O[c] = total;
   }
 }
@@ -132,6 +143,7 @@ void weighted_values(const float* P, int64_t j0, int64_t j1, const float* V, int
 // serves every query before the next is read: the kv head is read once per item,
 // not once per row and head. Each query's arithmetic is the same as alone (scores per key,
 // softmax over its prefix, values in key order), so the grouping never changes its bits.
+template <typename T>
 void attend_item(const Item& item, const Segment& seg, int64_t layer, const AttentionShape& shape,
                  const float* q, int64_t ldq, float* out) {
   const int64_t d = shape.head_dim, first_head = item.group * (shape.heads / shape.kv_heads) + item.head0;
@@ -141,8 +153,8 @@ void attend_item(const Item& item, const Segment& seg, int64_t layer, const Atte
   float* Q = scratch(0, queries * d);
   float* S = scratch(1, queries * longest);
   const int64_t head_offset = (layer * shape.kv_heads + item.group) * seg.max_len * d;
-  const float* K = seg.k + head_offset;
-  const float* V = seg.v + head_offset;
+  const T* K = static_cast<const T*>(seg.k) + head_offset;
+  const T* V = static_cast<const T*>(seg.v) + head_offset;
   auto row_of = [&](int64_t i) { return seg.row0 + item.first + i / item.heads; };
   auto limit_of = [&](int64_t i) { return seg.key_limit(item.first + i / item.heads); };
   auto out_of = [&](int64_t i) { return out + row_of(i) * shape.heads * d + (first_head + i % item.heads) * d; };
@@ -166,14 +178,27 @@ void attend_item(const Item& item, const Segment& seg, int64_t layer, const Atte
     }
 }
 
+// d floats into the cache: copied, or rounded to the nearest fp16 (ties to even)
+void store_row(const float* x, int64_t d, void* cache, int64_t at, bool half) {
+  if (!half) {
+    std::memcpy(static_cast<float*>(cache) + at, x, d * sizeof(float));
+    return;
+  }
+  uint16_t* out = static_cast<uint16_t*>(cache) + at;
+  int64_t c = 0;
+  for (; c + 8 <= d; c += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), _mm256_cvtps_ph(_mm256_loadu_ps(x + c), _MM_FROUND_TO_NEAREST_INT));
+  for (; c < d; ++c) out[c] = _cvtss_sh(x[c], _MM_FROUND_TO_NEAREST_INT);
+}
+
 void write_cache(const Segment& seg, int64_t layer, const AttentionShape& shape, const float* k, const float* v,
                  int64_t ld) {
   const int64_t d = shape.head_dim;
   for (int64_t i = 0; i < seg.rows; ++i)
     for (int64_t g = 0; g < shape.kv_heads; ++g) {
       const int64_t at = ((layer * shape.kv_heads + g) * seg.max_len + seg.pos0 + i) * d;
-      std::memcpy(seg.k + at, k + (seg.row0 + i) * ld + g * d, d * sizeof(float));
-      std::memcpy(seg.v + at, v + (seg.row0 + i) * ld + g * d, d * sizeof(float));
+      store_row(k + (seg.row0 + i) * ld + g * d, d, seg.k, at, seg.half);
+      store_row(v + (seg.row0 + i) * ld + g * d, d, seg.v, at, seg.half);
     }
 }
 
@@ -220,7 +245,9 @@ void attention(const std::vector<Segment>& segments, int64_t layer, const Attent
       Item merged = items[i];
       for (++i; i < i1 && same_rows(items[i], merged) && items[i].head0 == merged.head0 + merged.heads; ++i)
         merged.heads += items[i].heads;
-      attend_item(merged, segments[merged.segment], layer, shape, qkv, ld, out);
+      const Segment& seg = segments[merged.segment];
+      if (seg.half) attend_item<uint16_t>(merged, seg, layer, shape, qkv, ld, out);
+      else attend_item<float>(merged, seg, layer, shape, qkv, ld, out);
     }
     team.barrier();
   }

@@ -17,9 +17,10 @@ struct Segment {
   int64_t attend_len;    // keys [0, attend_len) of the cache are candidates
   int64_t visibility;    // kFull | kCausal | kBlocks
   int64_t block_size;    // for kBlocks
-  float* k;              // cache [layers, kv_heads, max_len, head_dim]
-  float* v;
+  void* k;               // cache [layers, kv_heads, max_len, head_dim]: fp32, or fp16 when `half`
+  void* v;
   int64_t max_len;
+  bool half;             // keys and values stored as fp16 (half the bytes attention reads)
 
   // keys [0, limit) that row i of the segment may see
   int64_t key_limit(int64_t i) const {

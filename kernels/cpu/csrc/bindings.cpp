@@ -16,6 +16,11 @@ void need_float(const at::Tensor& t, const std::string& name) {
   need(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), name + " must be a contiguous fp32 CPU tensor");
 }
 
+void need_cache(const at::Tensor& t, const std::string& name) {
+  need(t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf) && t.is_contiguous(),
+       name + " must be a contiguous fp32 or fp16 CPU tensor");
+}
+
 Weight as_weight(const at::Tensor& t, int64_t type, int64_t rows, int64_t cols, const std::string& name) {
   need(t.device().is_cpu() && t.is_contiguous(), name + " must be a contiguous CPU tensor");
   Weight w{int(type), static_cast<const uint8_t*>(t.data_ptr()), rows, cols};
@@ -111,12 +116,13 @@ struct BoundModel {
     int64_t covered = 0;
     for (int64_t i = 0; i < count; ++i, s += 6) {
       const at::Tensor& k = keys[i];
-      need_float(k, "key cache");
-      need_float(values[i], "value cache");
+      need_cache(k, "key cache");
+      need(values[i].scalar_type() == k.scalar_type(), "key and value caches must have one dtype");
+      need_cache(values[i], "value cache");
       need(k.dim() == 4 && k.size(0) == int64_t(model.layers.size()) && k.size(1) == c.kv_heads && k.size(3) == c.head_dim &&
            values[i].sizes() == k.sizes(), "caches must be [layers, kv_heads, max_len, head_dim]");
-      dllm::Segment seg{s[0], s[1], s[2], s[3], s[4], std::max<int64_t>(1, s[5]), k.data_ptr<float>(),
-                        values[i].data_ptr<float>(), k.size(2)};
+      dllm::Segment seg{s[0], s[1], s[2], s[3], s[4], std::max<int64_t>(1, s[5]), k.data_ptr(),
+                        values[i].data_ptr(), k.size(2), k.scalar_type() == at::kHalf};
       need(seg.row0 == covered && seg.rows > 0 && seg.row0 + seg.rows <= pass.rows, "segments must tile the pass's rows in order");
       need(seg.pos0 >= 0 && seg.pos0 + seg.rows <= seg.attend_len && seg.attend_len <= seg.max_len,
            "a segment must see its own rows and fit its cache");
