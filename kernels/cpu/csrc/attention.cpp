@@ -2,7 +2,8 @@
 // kv head, chunk of rows), or per query head for short segments (decoding) so a few rows still
 // split over the team. Each row's query is scored against exactly the keys it may see, 8 keys
 // at a time, softmaxed and weighted over the values: a row's result never depends on which
-// other rows share its item or pass (AR decoding and a verify pass give the same bits).
+// other rows share its item or pass (AR decoding and a verify pass give the same bits). Caches
+// hold fp32 or fp16 keys and values (Segment::half); the arithmetic is fp32 either way.
 #include "attention.h"
 
 #include <algorithm>
