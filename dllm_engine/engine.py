@@ -131,6 +131,18 @@ class Engine:
             return len(self._pending()) + len(self.scheduler.live)
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of keys and values held now: every live request's cache and the prefix store's
+        copies (read from any thread: a cache freed meanwhile is simply not counted)."""
+        held = self.scheduler.prefixes.bytes
+        for request in list(self.scheduler.live):
+            cache = request.decoder.cache
+            keys = cache.k if cache is not None else None
+            if keys is not None:
+                held += 2 * keys.numel() * keys.element_size()
+        return held
+
+    @property
     def alive(self) -> bool:
         """Whether the scheduler thread is running (False once closed or after a fatal error)."""
         return self._thread.is_alive() and self._failure is None

@@ -387,3 +387,19 @@ def test_an_ar_reply_commits_exactly_one_token_a_pass(engine, max_new_tokens):
     final = engine.generate(PROMPTS[1], GenerationParams(mode="autoregressive", max_new_tokens=max_new_tokens))
     assert final.stats.tokens_per_forward == 1.0
     assert final.stats.committed_tokens == final.stats.new_tokens + (final.finish_reason == "stop")
+
+
+def test_kv_cache_bytes_count_live_requests_and_the_prefix_store(tiny_bd):
+    engine = Engine(tiny_bd)
+    try:
+        assert engine.kv_cache_bytes == 0
+        live = engine.submit(PROMPTS[0], GenerationParams(mode="autoregressive", max_new_tokens=150, stop_at_eos=False))
+        next(iter(live))  # its cache exists once it has been stepped
+        config, held = tiny_bd.config, engine.kv_cache_bytes
+        per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * engine.cache_dtype.itemsize
+        assert held >= per_token * (len(engine.prompt_ids(PROMPTS[0], raw=False)) + 150)
+        live.cancel()
+        live.result(timeout=30)
+        assert engine.kv_cache_bytes == engine.scheduler.prefixes.bytes < held  # what is left is the store's copy
+    finally:
+        engine.close()

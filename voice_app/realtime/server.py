@@ -61,6 +61,8 @@ class VoiceServer:
         self.metrics.add_gauge("voice_live_sessions", "Sessions connected now", lambda: len(self.sessions))
         self.metrics.add_gauge("voice_engine_live_requests", "Engine requests in flight",
                                lambda: getattr(models.engine, "live_requests", 0))
+        self.metrics.add_gauge("voice_engine_kv_cache_bytes", "Keys and values the engine holds (live requests "
+                               "and its prefix store)", lambda: getattr(models.engine, "kv_cache_bytes", 0))
         self.metrics.add_gauge("voice_tts_live_jobs", "Sentences being synthesised",
                                lambda: models.tts_live_jobs)
         self.metrics.add_gauge("voice_asr_live_jobs", "Transcriptions queued or running",

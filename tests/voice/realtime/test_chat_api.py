@@ -230,6 +230,7 @@ def test_an_abandoned_stream_cancels_its_engine_request(client, model, voice_ser
         if chunk.choices[0].delta.content:
             break
     assert metric(voice_server, "voice_engine_live_requests") >= 1  # the story is far from done
+    assert metric(voice_server, "voice_engine_kv_cache_bytes") > 0  # its keys and values
     stream.close()
     assert wait_for_metric(voice_server, "voice_engine_live_requests", 0) == 0
     assert metric(voice_server, "voice_chat_completions_abandoned_total") == abandoned + 1
