@@ -56,7 +56,7 @@ def _one(engine, prompt: str, params: GenerationParams) -> dict:
             "first_sentence_s": first_sentence if first_sentence is not None else elapsed}
 
 
-def _concurrent(engine, prompts: list[str], params: GenerationParams, count: int) -> dict:
+def concurrent(engine, prompts: list[str], params: GenerationParams, count: int) -> dict:
     before = engine.forward_passes
     started = time.monotonic()
     handles = [engine.submit(prompts[i % len(prompts)], params) for i in range(count)]
@@ -83,7 +83,7 @@ def measure(engine, mode: str, prompts: list[str], max_new_tokens: int, block_si
         "ms_per_pass": 1000 * total_time / max(1, passes),
         "median_first_sentence_s": statistics.median(r["first_sentence_s"] for r in runs),
         "median_full_reply_s": statistics.median(r["elapsed_s"] for r in runs),
-        "concurrency": {count: _concurrent(engine, prompts, params, count) for count in concurrency},
+        "concurrency": {count: concurrent(engine, prompts, params, count) for count in concurrency},
     }
 
 
@@ -178,16 +178,14 @@ def pass_costs(engine, sizes=PASS_SIZES, context: int = 200, repeats: int = 10, 
     with the adapter on), and the head on every row. The sizes are timed in interleaved rounds
     and each keeps its best round (with its phases): on a shared host one timing per size
     measured the neighbours' load as much as the pass."""
-    runner, config = engine._runner, engine.config
+    config = engine.config
     context = max(1, min(context, config.max_position_embeddings - max(sizes) - 1))  # a small model's context
-    cache = KVCache(config, context + max(sizes) + 1, engine.cache_dtype, engine.device)
+    cache = filled_cache(engine, context, max(sizes) + 1)
     mask = config.mask_token_id if config.mask_token_id is not None else 0
-    filler = (torch.arange(context) % 1000 + 100) % config.vocab_size
-    runner.pass_.forward([Segment(filler, 0, cache, context)], [context - 1])
     best: dict[int, dict] = {}
     for _ in range(rounds):
         for n in sizes:
-            timed = _time_pass(engine, _pass_segments(engine, cache, context, mask, n), n, repeats)
+            timed = time_pass(engine, _pass_segments(engine, cache, context, mask, n), repeats)
             if n not in best or timed["ms"] < best[n]["ms"]:
                 best[n] = {"tokens": n, **timed}
     return [best[n] for n in sizes]
@@ -203,15 +201,30 @@ def _pass_segments(engine, cache, context: int, mask: int, n: int) -> list[Segme
     return [Segment(torch.arange(n) + 42, context, cache, context + n)]  # a verify pass: causal
 
 
-def _time_pass(engine, segments: list[Segment], n: int, repeats: int) -> dict:
+def filled_cache(engine, context: int, spare: int) -> KVCache:
+    """A cache holding `context` tokens of filler (written by one pass), with room for `spare` more."""
+    config = engine.config
+    cache = KVCache(config, context + spare, engine.cache_dtype, engine.device)
+    filler = (torch.arange(context) % 1000 + 100) % config.vocab_size
+    with torch.inference_mode():
+        engine._runner.pass_.forward([Segment(filler, 0, cache, context)], [context - 1])
+    return cache
+
+
+def time_pass(engine, segments: list[Segment], repeats: int, head: bool = True) -> dict:
+    """Median ms of a pass over `segments` (every row out; the greedy head on them unless not
+    `head`), after two warm-up passes, and its phases' mean ms (the fused pass's timers)."""
     pass_ = engine._runner.pass_
+    rows = list(range(sum(s.tokens.numel() for s in segments)))
     times = []
     profiler = _PhaseProfile(engine)
     for i in range(repeats + 2):
         profiler.on(i == 2)  # the warm-up passes are not counted
         started = time.perf_counter()
         with torch.inference_mode():
-            pass_.greedy(pass_.forward(segments, list(range(n))))
+            hidden = pass_.forward(segments, rows)
+            if head:
+                pass_.greedy(hidden)
         times.append(time.perf_counter() - started)
     return {"ms": 1000 * statistics.median(times[2:]), "phases_ms": profiler.read()}
 

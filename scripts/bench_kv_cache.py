@@ -13,48 +13,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dllm_engine.bench import BENCH_PROMPTS  # noqa: E402
+from dllm_engine.bench import BENCH_PROMPTS, concurrent, filled_cache, time_pass  # noqa: E402
 from dllm_engine.engine import Engine  # noqa: E402
-from dllm_engine.models.transformer import KVCache, Segment  # noqa: E402
+from dllm_engine.models.transformer import Segment  # noqa: E402
 from dllm_engine.request import GenerationParams  # noqa: E402
-from kernels.cpu import extension  # noqa: E402
 
 PASSES = [(200, 1), (800, 1), (800, 8)]  # (cached tokens, rows)
 
 
-def time_pass(engine: Engine, context: int, rows: int, repeats: int = 40) -> dict:
-    pass_, config = engine._runner.pass_, engine.config
-    cache = KVCache(config, context + rows + 1, engine.cache_dtype, engine.device)
-    filler = (torch.arange(context) % 1000 + 100) % config.vocab_size
-    with torch.inference_mode():
-        pass_.forward([Segment(filler, 0, cache, context)], [context - 1])
-        segments = [Segment(torch.arange(rows) + 42, context, cache, context + rows)]
-        extension().profile_enable(True)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            pass_.forward(segments, list(range(rows)))
-            times.append(time.perf_counter() - started)
-    phases = dict(extension().profile_read())
-    extension().profile_enable(False)
-    return {"ms": 1000 * statistics.median(times), "attention_ms": 1000 * phases["attention"] / phases["passes"]}
+def pass_ms(engine: Engine, context: int, rows: int) -> dict:
+    """The pass alone (no head), and its attention phase."""
+    cache = filled_cache(engine, context, rows + 1)
+    timed = time_pass(engine, [Segment(torch.arange(rows) + 42, context, cache, context + rows)], 40, head=False)
+    return {"ms": timed["ms"], "attention_ms": timed["phases_ms"]["attention"]}
 
 
 def concurrent_tokens_per_s(engine: Engine, count: int = 8, new_tokens: int = 200) -> float:
     params = GenerationParams(mode="autoregressive", max_new_tokens=new_tokens)
-    started = time.monotonic()
-    handles = [engine.submit(BENCH_PROMPTS[i % len(BENCH_PROMPTS)], params) for i in range(count)]
-    tokens = sum(h.result().stats.new_tokens for h in handles)
-    return tokens / (time.monotonic() - started)
+    return concurrent(engine, BENCH_PROMPTS, params, count)["tokens_per_s"]
 
 
 def main() -> int:
@@ -70,7 +53,7 @@ def main() -> int:
         for _ in range(args.rounds):
             for kv, engine in engines.items():
                 for context, rows in PASSES:
-                    key, timed = f"{rows} row(s) over {context} cached tokens", time_pass(engine, context, rows)
+                    key, timed = f"{rows} row(s) over {context} cached tokens", pass_ms(engine, context, rows)
                     if key not in best[kv] or timed["ms"] < best[kv][key]["ms"]:
                         best[kv][key] = timed
                 rate = concurrent_tokens_per_s(engine)
