@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from dllm_engine.engine import DTYPES
+from dllm_engine.resolve import DTYPES
 from dllm_engine.loading import DEFAULT_MODEL, CheckpointError, UnknownModelError
 from dllm_engine.request import EngineError, GenerationParams
 

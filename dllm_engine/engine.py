@@ -24,7 +24,6 @@ import itertools
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -37,12 +36,13 @@ from dllm_engine.memory import release_free_memory
 from dllm_engine.models.families import FAMILIES
 from dllm_engine.request import (DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle,
                                  RequestStats)
-from dllm_engine.runner import ModelRunner, resolve_activations, resolve_kv_cache, resolve_pass
+from dllm_engine.resolve import resolve_activations, resolve_device, resolve_dtype, resolve_kv_cache, resolve_pass
+from dllm_engine.runner import ModelRunner
 from dllm_engine.scheduler import BACKGROUND_EVERY, LiveRequest, Scheduler
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKGROUND_EVERY", "DTYPES", "Engine", "resolve_device", "resolve_dtype"]
+__all__ = ["BACKGROUND_EVERY", "Engine"]
 
 TRIM_EVERY_S = 5.0  # an idle engine hands freed memory back at most this often
 # prompt tokens a request prefills in one pass: a longer prompt takes several passes, so the
@@ -132,15 +132,8 @@ class Engine:
 
     @property
     def kv_cache_bytes(self) -> int:
-        """Bytes of keys and values held now: every live request's cache and the prefix store's
-        copies (read from any thread: a cache freed meanwhile is simply not counted)."""
-        held = self.scheduler.prefixes.bytes
-        for request in list(self.scheduler.live):
-            cache = request.decoder.cache
-            keys = cache.k if cache is not None else None
-            if keys is not None:
-                held += 2 * keys.numel() * keys.element_size()
-        return held
+        """Bytes of keys and values held now (Scheduler.kv_cache_bytes)."""
+        return self.scheduler.kv_cache_bytes()
 
     @property
     def alive(self) -> bool:
@@ -401,45 +394,6 @@ class Engine:
         for (request, _), drafted in zip(wanted, drafts):
             if drafted is not None:
                 request.decoder.take_drafts(drafted)
-
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-
-def resolve_device(device: torch.device | str) -> torch.device:
-    """"auto" is the first CUDA device when there is one, else the CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device)
-    except RuntimeError as exc:
-        raise EngineError(f"unknown device {device!r}: {exc}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise EngineError(f"device {str(device)!r} is not available: this torch sees no CUDA device")
-    if device.type not in ("cpu", "cuda"):
-        raise EngineError(f"device {str(device)!r} is not supported: use cpu or cuda")
-    return device
-
-
-def resolve_dtype(dtype: torch.dtype | str, device: torch.device = torch.device("cpu")) -> torch.dtype:
-    """A dtype or its name; "auto" is bfloat16 where matmuls run natively in it (CUDA, or a CPU
-    with avx512_bf16 / AMX: 1.7-2x faster than float32 here, measured with `dllm bench`), else
-    float32 (emulated bf16 is slower than float32)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" or _cpu_has_native_bf16() else torch.float32
-    if dtype not in DTYPES:
-        raise EngineError(f"unknown dtype {dtype!r}; known: auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def _cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: no cheap way to ask, so the safe choice
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _on_fresh_thread(function: Callable, *args, **kwargs):

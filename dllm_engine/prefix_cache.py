@@ -46,7 +46,7 @@ class PrefixStore:
 
     def offer(self, token_ids: list[int], cache: KVCache) -> None:
         """token_ids: what cache slots [0, len) hold (final keys and values)."""
-        per_token = 2 * cache.k[:, :, :1].numel() * cache.k.element_size() if cache.k is not None else 0
+        per_token = cache.bytes // cache.max_len
         length = min(len(token_ids), self.max_bytes // max(1, per_token))
         if self.max_entries <= 0 or length < self.min_tokens or cache.k is None:
             return

@@ -22,13 +22,10 @@ from torch import Tensor
 from dllm_engine.decoding import StepPlan, pick_tokens
 from dllm_engine.models.heads import split_head
 from dllm_engine.models.transformer import KVCache, Segment, Transformer
+from dllm_engine.resolve import resolve_activations
 from kernels import confidence_head
 
 log = logging.getLogger(__name__)
-
-# which forward pass runs the model (an engine's `backend`); kernels/dispatch.py's backends are
-# another choice, of an op's implementation (torch reference or Triton) inside the torch pass
-PASSES = ("auto", "fused", "torch")
 
 
 class TorchPass:
@@ -85,57 +82,6 @@ class DraftStep(Protocol):
     def write_context(self, runs: list[tuple[Tensor, int, KVCache]]) -> None: ...
 
     def draft(self, blocks: list[tuple[int, int, KVCache]]) -> list[list[int]]: ...
-
-
-def resolve_pass(backend: str, device: torch.device) -> str:
-    """'auto' is the fused CPU pass on a CPU that can run it, else torch."""
-    from kernels import cpu
-
-    if backend not in PASSES:
-        raise ValueError(f"backend must be one of {', '.join(PASSES)}, got {backend!r}")
-    if backend == "torch" or (backend == "auto" and device.type != "cpu"):
-        return "torch"
-    if device.type != "cpu":
-        raise ValueError(f"the fused backend runs on the CPU, not {device}")
-    reason = cpu.available()
-    if reason is None:
-        return "fused"
-    if backend == "fused":
-        raise ValueError(f"the fused CPU backend is not available: {reason}")
-    log.warning("fused CPU kernels unavailable (%s): the engine runs its torch pass", reason)
-    return "torch"
-
-
-ACTIVATIONS = ("auto", "int8", "fp32")
-
-
-KV_CACHES = ("auto", "fp16", "fp32")
-
-
-def resolve_kv_cache(kv_cache: str, backend: str, activations: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The dtype of every request's keys and values. 'auto': on the fused CPU pass fp16 with
-    8-bit activations (its attention is bound by reading them; docs/kernels.md measures the
-    effect on replies) and fp32 with fp32 activations (the pass that equals transformers); the
-    model's dtype on torch. 'fp16' / 'fp32' choose for the fused pass."""
-    if kv_cache not in KV_CACHES:
-        raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
-    if backend != "fused":
-        if kv_cache != "auto":
-            raise ValueError(f"kv_cache={kv_cache!r} chooses the fused CPU pass's caches; the torch pass keeps the "
-                             "model's dtype")
-        return model_dtype
-    if kv_cache == "auto":
-        kv_cache = "fp16" if activations == "int8" else "fp32"
-    return torch.float16 if kv_cache == "fp16" else torch.float32
-
-
-def resolve_activations(activations: str, backend: str) -> str:
-    """'auto': 8-bit activations on the fused CPU pass (its integer kernels), fp32 on torch."""
-    if activations not in ACTIVATIONS:
-        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
-    if activations == "auto":
-        return "int8" if backend == "fused" else "fp32"
-    return activations
 
 
 class TorchDraftHead:

@@ -82,6 +82,12 @@ class Scheduler:
                 request.stats.cached_prompt_tokens = reused
         self.live.append(request)
 
+    def kv_cache_bytes(self) -> int:
+        """Every live request's cache and the prefix store's copies (read from any thread: a
+        cache freed meanwhile is simply not counted)."""
+        caches = [request.decoder.cache for request in list(self.live)]
+        return self.prefixes.bytes + sum(cache.bytes for cache in caches if cache is not None)
+
     def drop_cancelled(self) -> None:
         for request in [r for r in self.live if r.handle.cancelled]:
             self.finish(request, "cancelled")

@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dllm_engine.engine import DTYPES, Engine  # noqa: E402
+from dllm_engine.engine import Engine  # noqa: E402
+from dllm_engine.resolve import DTYPES  # noqa: E402
 from dllm_engine.request import GenerationParams  # noqa: E402
 from dllm_engine.training.prompts import SANITY_QUESTIONS, conversation, voice_prompts  # noqa: E402
 from dllm_engine.training.prompts_wide import HELD_OUT_SEED, wide_prompts  # noqa: E402

@@ -22,7 +22,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dllm_engine.engine import Engine, resolve_dtype  # noqa: E402
+from dllm_engine.engine import Engine  # noqa: E402
+from dllm_engine.resolve import resolve_dtype  # noqa: E402
 from dllm_engine.loading import load_model  # noqa: E402
 from dllm_engine.loading.registry import ADAPTER_DIR, load_adapter_weights, make_block_diffusion  # noqa: E402
 from dllm_engine.training.distill import distill  # noqa: E402

@@ -23,7 +23,7 @@ from dllm_engine.models.transformer import Segment, Transformer
 
 _VISIBILITY = {"full": 0, "causal": 1, "blocks": 2}
 ACTIVATIONS = ("int8", "fp32")
-# keys and values the pass reads: fp16 halves what attention streams from memory (runner.resolve_kv_cache)
+# keys and values the pass reads: fp16 halves what attention streams from memory (resolve.resolve_kv_cache)
 KV_CACHE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
 

@@ -49,6 +49,12 @@ class KVCache:
     def layers(self) -> int:
         return self.shape[0]
 
+    @property
+    def bytes(self) -> int:
+        """Keys and values held (0 before `allocate`)."""
+        keys = self.k
+        return 0 if keys is None else 2 * keys.numel() * keys.element_size()
+
     def view(self, first: int, count: int) -> "KVCache":
         """Layers [first, first + count) of this cache, sharing its memory (allocated)."""
         view = object.__new__(KVCache)

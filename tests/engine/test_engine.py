@@ -194,7 +194,7 @@ def test_load_reports_an_unknown_model_from_its_loading_thread():
 
 
 def test_dtype_names_resolve_and_an_unknown_one_is_refused():
-    from dllm_engine.engine import resolve_dtype
+    from dllm_engine.resolve import resolve_dtype
 
     assert resolve_dtype("float32") is torch.float32 and resolve_dtype(torch.float16) is torch.float16
     assert resolve_dtype("auto") in (torch.bfloat16, torch.float32)
@@ -203,7 +203,7 @@ def test_dtype_names_resolve_and_an_unknown_one_is_refused():
 
 
 def test_devices_resolve_and_a_missing_one_is_refused():
-    from dllm_engine.engine import resolve_device
+    from dllm_engine.resolve import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")

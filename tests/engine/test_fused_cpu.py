@@ -261,7 +261,7 @@ def test_a_draft_vocabulary_leaves_exact_replies_unchanged(make_tiny_bd):
 
 
 def test_the_kv_cache_dtype_follows_the_activations_and_is_refused_where_it_does_not_apply():
-    from dllm_engine.runner import resolve_kv_cache
+    from dllm_engine.resolve import resolve_kv_cache
 
     assert resolve_kv_cache("auto", "fused", "int8", torch.float32) == torch.float16
     assert resolve_kv_cache("auto", "fused", "fp32", torch.float32) == torch.float32  # equals transformers
