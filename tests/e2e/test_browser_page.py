@@ -134,26 +134,34 @@ def test_talking_over_the_reply_clears_playback_and_marks_it_interrupted(open_pa
     page.click('[data-role="mute"]')  # unmute: the looping question talks over the reply
     wait_for_state(page, "user-speaking")
 
-    reply = last(page, "assistant-transcript")
+    # Pinned by its response id: the barge-in's own turn gets a reply of its own, which a
+    # lazy "last transcript" locator would move to once it shows on a slow machine.
+    response_id = page.locator("li.message.assistant").last.get_attribute("data-response-id")
+    message = page.locator(f'li.message.assistant[data-response-id="{response_id}"]')
+    reply = message.locator('[data-role="assistant-transcript"]')
     # marked once the player has answered the page's clear (a round trip to the audio thread)
     page.wait_for_function("window.voiceStats.interruptions === 1", timeout=10_000)
     assert reply.get_attribute("data-interrupted") == "true"
     page.wait_for_function("window.voiceStats.queuedSamples === 0", timeout=10_000)
+    # The talk-over is a turn of its own: let its reply show before reading the cut one's marks,
+    # the order a slow machine produces (the checks below must hold whichever comes first).
+    page.wait_for_function("document.querySelectorAll('li.message.assistant').length >= 2",
+                           timeout=TURN_TIMEOUT_MS)
     # The page told the server how much of the reply was heard, and the server confirmed it (the
     # server's own earlier estimate, which cannot see the page's buffer, may show first).
     page.wait_for_function(
-        "window.voiceStats.lastTruncateMs !== null && document.querySelector("
-        "'[data-role=\"assistant-transcript\"][data-interrupted=\"true\"]')"
-        ".dataset.heardMs === String(window.voiceStats.lastTruncateMs)", timeout=10_000)
+        "(id) => window.voiceStats.lastTruncateMs !== null && document.querySelector("
+        "`li.message.assistant[data-response-id=\"${id}\"] [data-role=\"assistant-transcript\"]`)"
+        ".dataset.heardMs === String(window.voiceStats.lastTruncateMs)", arg=response_id, timeout=10_000)
     # a position in the reply's audio, not a duration: what the history keeps was really played
     heard_samples = int(reply.get_attribute("data-heard-ms")) * 24000 // 1000
     assert 0 < heard_samples <= stats(page)["samplesPlayed"]
     after = stats(page)
     assert after["interruptions"] == 1
     assert after["errors"] == []
-    assert "interrupted" in last(page, "turn-metrics").inner_text()
+    assert "interrupted" in message.locator('[data-role="turn-metrics"]').inner_text()
     # the cut reply's timeline marks the barge-in: the server's figure, and how much was heard
-    cut = page.locator('[data-role="turn-timeline"][data-barge-in-ms]').first
+    cut = message.locator('[data-role="turn-timeline"][data-barge-in-ms]')
     cut.wait_for(timeout=10_000)
     assert int(cut.get_attribute("data-barge-in-ms")) > 0
     assert "cut after" in cut.inner_text() and "s heard" in cut.inner_text()
