@@ -96,7 +96,7 @@ def main() -> int:
     lead_in = np.zeros(int(0.3 * 16000), dtype=np.float32)
     transcriber.transcribe_blocking(np.zeros(16000, dtype=np.float32))  # warm
     report = {"model": transcriber.model_name, "utterances": len(entries), "final_beam": transcriber.final_beam,
-              "results": {}, "misheard": {}}
+              "results": {}, "by_voice": {}, "misheard": {}, "hallucinated": {}}
     for config in args.configs.split(","):
         rows = []
         for entry in entries:
@@ -108,19 +108,34 @@ def main() -> int:
             rows.append({**entry, "text": text, "errors": word_errors(reference, hypothesis), "words": len(reference),
                          "hallucinated": hallucinated(reference, hypothesis), "ms": 1000 * seconds})
         report["results"][config] = summarize(rows)
-        report["misheard"][config] = [{"voice": r["voice"], "condition": r["condition"], "reference": r["reference"],
-                                       "heard": r["text"]} for r in rows if r["errors"]][:40]
+        report["by_voice"][config] = {voice: wer([r for r in rows if r["voice"] == voice])
+                                      for voice in sorted({r["voice"] for r in rows})}
+        report["misheard"][config] = [heard(r) for r in rows if r["errors"]][:40]
+        report["hallucinated"][config] = [heard(r) for r in rows if r["hallucinated"]]
     transcriber.close()
-    print(json.dumps({k: v for k, v in report.items() if k != "misheard"}, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("misheard", "by_voice")}, indent=2))
     print("\n| configuration | split | WER | hallucinations | utterances | median decode (ms) | p95 decode (ms) |")
     print("|---|---|---|---|---|---|---|")
     for config, splits in report["results"].items():
         for split, r in splits.items():
             print(f"| {config} | {split} | {r['wer']:.1%} | {r['hallucinations']} | {r['utterances']} | "
                   f"{r['median_ms']:.0f} | {r['p95_ms']:.0f} |")
+    voices = list(next(iter(report["by_voice"].values())))
+    print("\nWER by voice\n\n| configuration | " + " | ".join(voices) + " |")
+    print("|---|" + "---|" * len(voices))
+    for config, by_voice in report["by_voice"].items():
+        print(f"| {config} | " + " | ".join(f"{by_voice[v]:.1%}" for v in voices) + " |")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def wer(rows: list[dict]) -> float:
+    return sum(r["errors"] for r in rows) / max(1, sum(r["words"] for r in rows))
+
+
+def heard(row: dict) -> dict:
+    return {"voice": row["voice"], "condition": row["condition"], "reference": row["reference"], "heard": row["text"]}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -130,7 +145,7 @@ def summarize(rows: list[dict]) -> dict:
         if not chosen:
             continue
         times = sorted(r["ms"] for r in chosen)
-        out[split] = {"wer": sum(r["errors"] for r in chosen) / max(1, sum(r["words"] for r in chosen)),
+        out[split] = {"wer": wer(chosen),
                       "hallucinations": sum(r["hallucinated"] for r in chosen), "utterances": len(chosen),
                       "median_ms": statistics.median(times), "p95_ms": times[int(0.95 * (len(times) - 1))]}
     return out
