@@ -9,7 +9,7 @@ import pytest
 
 from voice_app.settings import default_piper_voice
 from voice_app.speech.weights import (PIPER_JOE, WHISPER_BASE, WHISPER_BASE_PARTS, WHISPER_TINY_EN, WeightsError,
-                                      verify_if_packaged, whisper_model_path)
+                                      sha256_of, verify_if_packaged, whisper_model_path)
 
 
 def test_the_installed_weight_packages_are_the_pinned_ones():
@@ -40,6 +40,7 @@ def test_whisper_base_is_joined_from_its_two_packages_once_and_rejoined_when_dam
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.bin", "tokenizer.json", "vocabulary.txt"]
     part_sizes = sum((package.folder() / relative).stat().st_size for package, relative in WHISPER_BASE.pieces)
     assert (folder / "model.bin").stat().st_size == part_sizes
+    assert sha256_of(folder / "model.bin") == WHISPER_BASE.joined_sha256  # the pin later processes check
     # a later process finds it made; a damaged copy (say, a disk full mid-write elsewhere) is made again
     with open(folder / "model.bin", "r+b") as model:
         model.truncate(1000)
