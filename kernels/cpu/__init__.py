@@ -5,8 +5,9 @@ variant is compiled (AVX2, AVX-512 VNNI) and the best one this CPU runs is chose
 (`int8_variants()` lists them, fastest first).
 
 The extension is compiled on first use with torch's cpp_extension (ninja + the system C++
-compiler, ~1 minute) into torch's extension cache, and reused after; `make setup` builds it
-ahead (`python -m kernels.cpu`). Where it cannot run (no AVX2/FMA/F16C, not x86, no compiler)
+compiler, ~1 minute) into this checkout's build/ folder, and reused after; `make setup` builds
+it ahead (`python -m kernels.cpu`). The folder is the checkout's own: torch's shared extension
+cache would have two checkouts on one machine rebuild it over each other's sources. Where it cannot run (no AVX2/FMA/F16C, not x86, no compiler)
 `available()` says why and the engine keeps its torch path.
 """
 
@@ -23,6 +24,9 @@ SOURCES = ["bindings.cpp", "matmul.cpp", "attention.cpp", "model.cpp", "quantize
            "int8_avx512.cpp", "machine.cpp"]
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _CPU_FLAGS = ("avx2", "fma", "f16c")
+# a checkout builds into its own folder; an installed package into torch's extension cache
+_CHECKOUT = _CSRC.parents[2]
+BUILD_DIR = _CHECKOUT / "build" / "kernels-cpu" if (_CHECKOUT / "pyproject.toml").is_file() else None
 
 # weight types the kernels read (kernels/cpu/csrc/weights.h)
 F32, Q8_0, Q4_1 = 0, 1, 2
@@ -49,9 +53,12 @@ def extension():
         raise RuntimeError(reason)
     from torch.utils import cpp_extension
 
+    if BUILD_DIR is not None:
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)
     try:
         return cpp_extension.load(
             name="dllm_cpu_kernels",
+            build_directory=str(BUILD_DIR) if BUILD_DIR else None,
             sources=[str(_CSRC / s) for s in SOURCES],
             extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-DNDEBUG"],
             extra_ldflags=["-fopenmp"],
