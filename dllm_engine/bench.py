@@ -36,6 +36,7 @@ BENCH_PROMPTS = [
     "Give me some advice for a job interview.",
 ]
 PASS_SIZES = [1, 2, 4, 8, 16, 32, 64]
+HEAD_ONLY = "diffusion (head only)"  # the draft head's drafts without continuations of earlier text
 _SENTENCE_END = re.compile(r"[.!?](\s|$)")
 _START, _END = "<!-- dllm-bench:start -->", "<!-- dllm-bench:end -->"
 
@@ -52,7 +53,7 @@ def _one(engine, prompt: str, params: GenerationParams) -> dict:
     elapsed = time.monotonic() - started
     stats = final.stats
     return {"tokens": stats.new_tokens, "committed": stats.committed_tokens, "forward_passes": stats.forward_passes,
-            "elapsed_s": elapsed,
+            "continued_passes": stats.continued_passes, "elapsed_s": elapsed,
             "first_sentence_s": first_sentence if first_sentence is not None else elapsed}
 
 
@@ -80,6 +81,7 @@ def measure(engine, mode: str, prompts: list[str], max_new_tokens: int, block_si
         "mode": mode, "tokens_per_s": tokens / total_time, "tokens": tokens,
         "median_tokens": statistics.median(r["tokens"] for r in runs),
         "forward_passes": passes, "tokens_per_forward": sum(r["committed"] for r in runs) / max(1, passes),
+        "continued_passes": sum(r["continued_passes"] for r in runs),
         "ms_per_pass": 1000 * total_time / max(1, passes),
         "median_first_sentence_s": statistics.median(r["first_sentence_s"] for r in runs),
         "median_full_reply_s": statistics.median(r["elapsed_s"] for r in runs),
@@ -292,10 +294,10 @@ def run_bench(args) -> int:
     from dllm_engine.engine import Engine
     from dllm_engine.loading.registry import smollm2_gguf_path
 
-    # no prefix cache: every run repeats the same prompts, and a copied prompt would time the
-    # copy instead of the prefill a new conversation pays
+    # no prefix cache and no recent replies to draft from: every run repeats the same prompts,
+    # and a copied prompt (or reply) would time the copy instead of what a new conversation pays
     engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device,
-                         backend=args.backend, prefix_cache_entries=0, activations=args.activations,
+                         backend=args.backend, prefix_cache_entries=0, recent_replies=0, activations=args.activations,
                          kernel=args.kernel, kv_cache=args.kv_cache)
     prompts = BENCH_PROMPTS[: max(1, args.prompts)]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
@@ -306,6 +308,11 @@ def run_bench(args) -> int:
         blocks = engine.choose_block() if args.block_size is None else None
         results = {m: measure(engine, m, prompts, args.max_new_tokens, args.block_size, args.threshold, levels)
                    for m in modes}
+        if engine.draft_chooser is not None:  # the same head without continuation drafts, beside it
+            chooser, engine.draft_chooser = engine.draft_chooser, None
+            results[HEAD_ONLY] = measure(engine, "diffusion", prompts, args.max_new_tokens, args.block_size,
+                                         args.threshold, levels)
+            engine.draft_chooser = chooser
         costs = bandwidth = fma = int8 = None
         if engine.device.type == "cpu":
             bandwidth, fma = read_bandwidth_gbs(), fma_rate_gmacs()
@@ -343,6 +350,8 @@ def run_bench(args) -> int:
     if "diffusion" in results:
         report["diffusion_vs_ar_speed"] = results["diffusion"]["tokens_per_s"] / results["autoregressive"]["tokens_per_s"]
         report["diffusion_vs_ar_pass"] = results["diffusion"]["ms_per_pass"] / results["autoregressive"]["ms_per_pass"]
+    if HEAD_ONLY in results:
+        report["head_only_vs_ar_speed"] = results[HEAD_ONLY]["tokens_per_s"] / results["autoregressive"]["tokens_per_s"]
     if peer is not None:
         ar = results["autoregressive"]
         report["llama_cpp"] = {k: v for k, v in peer.items() if k != "token_ids"}
@@ -384,6 +393,7 @@ def format_table(report: dict) -> str:
                      f"{p['median_first_sentence_s']:.2f} | {p['median_full_reply_s']:.2f} | {blank} | {blank} |")
     lines.append("")
     for key, label in (("diffusion_vs_ar_speed", "diffusion / autoregressive speed"),
+                       ("head_only_vs_ar_speed", "diffusion with the head's drafts only / autoregressive speed"),
                        ("diffusion_vs_ar_pass", "diffusion pass / autoregressive pass"),
                        ("ar_vs_llamacpp_speed", "autoregressive / llama.cpp speed"),
                        ("best_vs_llamacpp_speed", "best mode / llama.cpp speed")):

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from dllm_engine.decoding import StepPlan, Target
+from dllm_engine.decoding.suffix_drafts import RecentReplies
 from dllm_engine.models.transformer import KVCache, Segment
 from dllm_engine.request import GenerationParams
 
@@ -27,15 +29,25 @@ FIRST_TOKEN = 42  # the exact token a timed block starts with (any id: timing on
 
 
 def reply_speeds(engine: "Engine", template: GenerationParams, new_tokens: int, rounds: int) -> dict[str, float]:
-    """Tokens/s of a greedy reply in each mode (`template`'s other settings), the best of `rounds`."""
-    for mode in MODES:  # warm, and cache the prompt
-        engine.generate(MODE_PROMPT, dataclasses.replace(template, mode=mode, max_new_tokens=4))
-    speeds = {mode: 0.0 for mode in MODES}
-    for _ in range(rounds):
-        for mode in MODES:
-            started = time.perf_counter()
-            update = engine.generate(MODE_PROMPT, dataclasses.replace(template, mode=mode, max_new_tokens=new_tokens))
-            speeds[mode] = max(speeds[mode], update.stats.new_tokens / max(time.perf_counter() - started, 1e-9))
+    """Tokens/s of a greedy reply in each mode (`template`'s other settings), the best of `rounds`.
+    Continuation drafts see no recent replies meanwhile: each round asks the same question, and
+    diffusion would draft the reply AR had just said."""
+    chooser = engine.draft_chooser
+    kept = chooser.recent if chooser is not None else None
+    if chooser is not None:
+        chooser.recent = RecentReplies(0)
+    try:
+        for mode in MODES:  # warm, and cache the prompt
+            engine.generate(MODE_PROMPT, dataclasses.replace(template, mode=mode, max_new_tokens=4))
+        speeds = {mode: 0.0 for mode in MODES}
+        for _ in range(rounds):
+            for mode in MODES:
+                started = time.perf_counter()
+                update = engine.generate(MODE_PROMPT, dataclasses.replace(template, mode=mode, max_new_tokens=new_tokens))
+                speeds[mode] = max(speeds[mode], update.stats.new_tokens / max(time.perf_counter() - started, 1e-9))
+    finally:
+        if chooser is not None:
+            chooser.recent = kept
     return speeds
 
 
@@ -57,21 +69,35 @@ def verify_plan(cache: KVCache, context: int, rows: int) -> StepPlan:
                     [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
 
 
-def draft_step_seconds(engine: "Engine", row_counts: list[int], context: int, repeats: int) -> list[float]:
-    """Seconds of one whole draft-head decoding step (the verify pass, then the head's step)
-    for each count of verify rows: the fastest of `repeats` rounds (after one warm-up)."""
+@dataclass
+class StepTimes:
+    """A draft-head decoding step's parts, in seconds, each the fastest of its rounds."""
+
+    verify: list[float]  # the verify pass, by rows it carries (as asked)
+    context: float  # the head takes the verified rows' features (every step)
+    block: float  # the head drafts a block (spared where a continuation is checked instead)
+
+
+def draft_step_seconds(engine: "Engine", row_counts: list[int], context: int, repeats: int) -> StepTimes:
+    """Times a draft-head decoding step's parts for each count of verify rows: the fastest of
+    `repeats` rounds (after a warm-up)."""
     runner = engine._runner
     caches = [filled_cache(engine, context, rows) for rows in row_counts]
-    best = [float("inf")] * len(row_counts)
+    times = StepTimes([float("inf")] * len(row_counts), float("inf"), float("inf"))
     for round_ in range(repeats + 1):
         for index, (rows, cache) in enumerate(zip(row_counts, caches)):
             plan = verify_plan(cache, context, rows)
             started = time.perf_counter()
             runner.run([plan], [(0.0, None)])
-            runner.draft([([(plan.taps, context)], cache, FIRST_TOKEN, context)])
+            verified = time.perf_counter()
+            runner.draft([([(plan.taps, context)], cache, None, None)])
+            taken = time.perf_counter()
+            runner.draft([([], cache, FIRST_TOKEN, context)])
             if round_:
-                best[index] = min(best[index], time.perf_counter() - started)
-    return best
+                times.verify[index] = min(times.verify[index], verified - started)
+                times.context = min(times.context, taken - verified)
+                times.block = min(times.block, time.perf_counter() - taken)
+    return times
 
 
 def block_table(step_seconds: list[float], kept_by_offset: list[float]) -> list[dict]:

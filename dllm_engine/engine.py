@@ -31,6 +31,7 @@ import torch
 from dllm_engine import calibration
 from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, make_policy
 from dllm_engine.decoding.factory import make_decoder
+from dllm_engine.decoding.suffix_drafts import DraftChooser, RecentReplies
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
 from dllm_engine.memory import release_free_memory
 from dllm_engine.models.families import FAMILIES
@@ -56,7 +57,8 @@ class Engine:
     def __init__(self, loaded: LoadedModel, max_live_requests: int = 32, max_cached_tokens: int = 131072,
                  clock: Callable[[], float] = time.monotonic, kv_cache: str = "auto",
                  prefix_cache_entries: int = 16, backend: str = "auto", activations: str = "auto",
-                 kernel: str = "auto", prefill_chunk: int = PREFILL_CHUNK):
+                 kernel: str = "auto", prefill_chunk: int = PREFILL_CHUNK, continuations: bool = True,
+                 recent_replies: int = 64):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -69,6 +71,13 @@ class Engine:
         self.activations = resolve_activations(activations, self.backend)
         self.kernel = kernel  # the integer kernel variant asked for; the runner says which runs
         self.prefill_chunk = prefill_chunk
+        # with a draft head: where a continuation of text the target wrote before (the request's
+        # own, the reply corpus's, the last `recent_replies` replies') promises more than the
+        # head's block, the verify pass checks it instead (decoding/suffix_drafts.py)
+        self.draft_chooser: DraftChooser | None = None
+        if loaded.draft_head is not None and continuations:
+            kept = (loaded.draft_head_meta.get("held_out") or {}).get("by_offset") or []
+            self.draft_chooser = DraftChooser(loaded.reply_corpus, list(kept), recent=RecentReplies(recent_replies))
         self.cache_dtype = resolve_kv_cache(kv_cache, self.backend, self.activations, self.model.embed_tokens.dtype)
         # what mode="auto" runs: diffusion where the model has it, until choose_mode measures
         self.auto_mode: Mode = "diffusion" if self.config.is_diffusion else "autoregressive"
@@ -81,7 +90,7 @@ class Engine:
         self._failure: str | None = None  # why the scheduler thread died, if it did
         self.last_step_at: float | None = None
         self._trimmed_at = clock()
-        self.scheduler = Scheduler(self.tokenizer.decode, clock, prefix_cache_entries)
+        self.scheduler = Scheduler(self.tokenizer.decode, clock, prefix_cache_entries, on_greedy_reply=self._keep_reply)
         self._runner: ModelRunner | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
@@ -140,12 +149,25 @@ class Engine:
         """Whether the scheduler thread is running (False once closed or after a fatal error)."""
         return self._thread.is_alive() and self._failure is None
 
+    @property
+    def drafts_description(self) -> str | None:
+        """What diffusion mode drafts with: the head's block, and continuations where they pay."""
+        if self.loaded.draft_head is None:
+            return None
+        head = f"draft head, block {self.config.block_size}"
+        if self.draft_chooser is None:
+            return head
+        corpus = self.loaded.reply_corpus
+        source = f"{len(corpus):,}-token reply corpus" if corpus is not None else "the request's own tokens"
+        return f"{head}; continuations of earlier text (up to {self.draft_chooser.max_drafts} tokens, {source})"
+
     def health(self) -> dict:
         """For /healthz: the scheduler's liveness and when it last finished a step."""
         age = None if self.last_step_at is None else round(self.clock() - self.last_step_at, 3)
         return {"alive": self.alive, "failure": self._failure, "backend": self.backend,
                 "activations": self.activations, "kernel": self.kernel,
-                "kv_cache": str(self.cache_dtype).removeprefix("torch."),
+                "kv_cache": str(self.cache_dtype).removeprefix("torch."), "auto_mode": self.auto_mode,
+                "drafts": self.drafts_description,
                 "live_requests": self.live_requests, "forward_passes": self.forward_passes,
                 "seconds_since_last_step": age}
 
@@ -238,23 +260,30 @@ class Engine:
         return speeds
 
     def choose_block(self, context: int = 128, repeats: int = 5) -> dict | None:
-        """For a model with a draft head: times a whole decoding step (the verify pass over the
-        exact token and k drafts, and the head's step) for every k the head was trained for, and
-        makes diffusion mode draft the k with the most tokens a second, by the head's held-out
-        acceptance by offset (its metadata): rows cost more on some machines than on others.
-        Call it on an idle engine. Returns the table, or None without a draft head."""
+        """For a model with a draft head: times the verify pass over the exact token and k
+        drafts for every k a step can check, and the head's step, then makes diffusion mode
+        draft the head's k with the most tokens a second, by the head's held-out acceptance by
+        offset (its metadata): rows cost more on some machines than on others. The continuation
+        drafts' chooser takes the same timings. Call it on an idle engine. Returns the table,
+        or None without a draft head."""
         head = self.loaded.draft_head
         kept = (self.loaded.draft_head_meta.get("held_out") or {}).get("by_offset")
         if head is None or not kept:
             return None
-        rows = [1 + k for k in range(1, head.spec.block_size)]
-        costs = self._on_scheduler(lambda: calibration.draft_step_seconds(self, rows, context, repeats))
-        table = calibration.block_table(costs, kept)
+        most = max(head.spec.block_size - 1, self.draft_chooser.max_drafts if self.draft_chooser else 0)
+        rows = list(range(1, most + 2))
+        times = self._on_scheduler(lambda: calibration.draft_step_seconds(self, rows, context, repeats))
+        steps = [v + times.context + times.block for v in times.verify[1:head.spec.block_size]]
+        table = calibration.block_table(steps, kept)
         best = max(table, key=lambda row: row["tokens_per_s"])
         self.config.block_size = best["block"]
+        if self.draft_chooser is not None:  # a continuation's step: the verify pass and the context
+            self.draft_chooser.verify_s = [v + times.context for v in times.verify]
+            self.draft_chooser.head_s = times.block
         log.info("diffusion drafts blocks of %d on this machine (%s)", best["block"],
                  ", ".join(f"{r['block']}: {r['tokens_per_s']} tokens/s" for r in table))
-        return {"chosen": best["block"], "blocks": table}
+        return {"chosen": best["block"], "blocks": table, "verify_ms": [round(1000 * v, 2) for v in times.verify],
+                "head_context_ms": round(1000 * times.context, 2), "head_block_ms": round(1000 * times.block, 2)}
 
     def _on_scheduler(self, function):
         """function() between two steps of the scheduler thread (the runner is that thread's)."""
@@ -282,10 +311,15 @@ class Engine:
             self._lock.notify()
         self._thread.join(timeout=10)
 
+    def _keep_reply(self, prompt_ids: list[int], reply_ids: list[int]) -> None:
+        """An ended greedy reply, for continuation drafts of later requests."""
+        if self.draft_chooser is not None:
+            self.draft_chooser.recent.add(prompt_ids, reply_ids)
+
     # ---- request setup ---------------------------------------------------------------------
     def _make_request(self, ids: list[int], params: GenerationParams) -> LiveRequest:
         config = self.config
-        decoder = make_decoder(self.loaded, ids, params, self.cache_dtype, self.device)
+        decoder = make_decoder(self.loaded, ids, params, self.cache_dtype, self.device, self.draft_chooser)
         decoder.prefill_chunk = self.prefill_chunk
         block = decoder.block_size
         family = FAMILIES.get(config.family)

@@ -95,6 +95,7 @@ class RequestStats:
     # pass_commits[k]: passes that committed k tokens (a tuple: every update gets its own copy);
     # with drafts checked, passes committing >= j + 1 tokens kept the draft at offset j
     pass_commits: tuple[int, ...] = ()
+    continued_passes: int = 0  # passes that checked a continuation of earlier text, not the head's drafts
     elapsed_s: float = 0.0
     first_token_s: float | None = None  # submit -> first committed token
     deadline_met: bool | None = None  # None when no deadline was given

@@ -177,8 +177,9 @@ class ModelRunner:
         every context into its cache, then every block in one pass; each request's drafts (None
         where no block was asked for)."""
         with torch.inference_mode():
-            self.drafter.write_context([(features, start, cache) for contexts, cache, _, _ in requests
-                                        for features, start in contexts])
+            runs = [(features, start, cache) for contexts, cache, _, _ in requests for features, start in contexts]
+            if runs:
+                self.drafter.write_context(runs)
             blocks = [(first, position, cache) for _, cache, first, position in requests if first is not None]
             drafted = iter(self.drafter.draft(blocks) if blocks else [])
             return [next(drafted) if first is not None else None for _, _, first, _ in requests]

@@ -57,9 +57,12 @@ class PendingStep:
 
 
 class Scheduler:
-    def __init__(self, decode: Callable[[list[int]], str], clock: Callable[[], float], prefix_cache_entries: int):
+    def __init__(self, decode: Callable[[list[int]], str], clock: Callable[[], float], prefix_cache_entries: int,
+                 on_greedy_reply: Callable[[list[int], list[int]], None] | None = None):
         self.decode = decode
         self.clock = clock
+        # (prompt ids, reply ids) of each ended greedy reply, cut or whole: the target's own text
+        self.on_greedy_reply = on_greedy_reply
         self.live: list[LiveRequest] = []
         self.passes = 0
         # copies of ended requests' written cache slots, for prompts that start the same
@@ -161,6 +164,7 @@ class Scheduler:
         stats.denoise_steps += 1
         stats.committed_tokens += committed
         stats.count_pass(committed)
+        stats.continued_passes = decoder.continued_steps
         request.committed_in_denoise += committed
         if stats.first_token_s is None and decoder.settled_ids():
             stats.first_token_s = self.clock() - request.submitted
@@ -186,6 +190,11 @@ class Scheduler:
         if reason != "error" and decoder.reusable_cache and decoder.cache is not None:
             self.prefixes.offer(decoder.cached_token_ids(), decoder.cache)
         decoder.cache = None  # free the KV cache now, not when the handle dies (the store copied its head)
+        if reason != "error" and request.params.temperature == 0 and self.on_greedy_reply is not None:
+            try:  # a reply kept for later drafts: its failure must not touch this request
+                self.on_greedy_reply(decoder.prompt_ids, decoder.settled_ids())
+            except Exception:
+                log.exception("request %d: its reply could not be kept for drafting", request.handle.request_id)
         if request.deadline is not None:
             request.stats.deadline_met = request.deadline.met()
         self.publish(request, final=True, reason=reason, error=error)

@@ -79,11 +79,17 @@ def main() -> None:
                         help="the fused pass's activations (auto: int8)")
     parser.add_argument("--kv-cache", default="auto", choices=["auto", "fp16", "fp32"],
                         help="the fused pass's keys and values (auto: fp16 with int8 activations)")
+    parser.add_argument("--drafts", default="head,continuations",
+                        help="comma-separated: head (the draft head's drafts only), continuations (the head's, or "
+                             "a continuation of earlier text where it promises more: the default decoding)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args()
 
-    engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0,
+    # no recent replies to draft from: each prompt is decoded once per configuration
+    engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0, recent_replies=0,
                          activations=args.activations, kv_cache=args.kv_cache)
+    if args.block_size is None:  # the head's block and the continuations' row costs, as the server times them
+        engine.choose_block()
     prompts = (voice_prompts(args.eval_prompts, seed=1000) if args.prompt_set == "base"  # the held-out draws
                else wide_prompts(args.eval_prompts, seed=HELD_OUT_SEED, part="held_out"))
     held_out = [conversation(p, voice_system=i % 2 == 0) for i, p in enumerate(prompts)]
@@ -104,31 +110,40 @@ def main() -> None:
               "ar_sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(ar_sanity, SANITY_QUESTIONS)) / len(sanity),
               "ar_tokens_per_forward": sum(f.stats.committed_tokens for f in ar_held) / sum(f.stats.forward_passes for f in ar_held),
               "by_threshold": {}, "examples": []}
-    for threshold in [None if t == "exact" else float(t) for t in args.thresholds.split(",")]:
-        dif = run_all(engine, held_out + sanity, params("diffusion", threshold), args.concurrency)
-        dif_held, dif_sanity = dif[:len(held_out)], dif[len(held_out):]
-        tokens = sum(f.stats.new_tokens for f in dif_held)
-        report["by_threshold"]["exact" if threshold is None else threshold] = {
-            "tokens_per_forward": sum(f.stats.committed_tokens for f in dif_held) / max(1, sum(f.stats.forward_passes for f in dif_held)),
-            "exact_match": sum(a.token_ids == d.token_ids for a, d in zip(ar_held, dif_held)) / len(held_out),
-            "token_agreement": sum(agreement(a.token_ids, d.token_ids) for a, d in zip(ar_held, dif_held)) / len(held_out),
-            "sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(dif_sanity, SANITY_QUESTIONS)) / len(sanity),
-            "mean_reply_tokens": tokens / len(held_out),
-            "kept_by_offset": kept_by_offset(dif_held),
-        }
-        if not report["examples"]:
-            report["examples"] = [{"prompt": prompts[i], "autoregressive": ar_held[i].committed_text,
-                                   "diffusion": dif_held[i].committed_text} for i in range(5)]
+    chooser = engine.draft_chooser
+    for drafts in args.drafts.split(","):
+        if drafts not in ("head", "continuations"):
+            sys.exit(f"--drafts takes head and continuations, not {drafts!r}")
+        engine.draft_chooser = chooser if drafts == "continuations" else None
+        for threshold in [None if t == "exact" else float(t) for t in args.thresholds.split(",")]:
+            dif = run_all(engine, held_out + sanity, params("diffusion", threshold), args.concurrency)
+            dif_held, dif_sanity = dif[:len(held_out)], dif[len(held_out):]
+            tokens = sum(f.stats.new_tokens for f in dif_held)
+            passes = max(1, sum(f.stats.forward_passes for f in dif_held))
+            label = f"{'exact' if threshold is None else threshold}, {drafts}"
+            report["by_threshold"][label] = {
+                "tokens_per_forward": sum(f.stats.committed_tokens for f in dif_held) / passes,
+                "continued_share": sum(f.stats.continued_passes for f in dif_held) / passes,
+                "exact_match": sum(a.token_ids == d.token_ids for a, d in zip(ar_held, dif_held)) / len(held_out),
+                "token_agreement": sum(agreement(a.token_ids, d.token_ids) for a, d in zip(ar_held, dif_held)) / len(held_out),
+                "sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(dif_sanity, SANITY_QUESTIONS)) / len(sanity),
+                "mean_reply_tokens": tokens / len(held_out),
+                "kept_by_offset": kept_by_offset(dif_held),
+            }
+            if not report["examples"]:
+                report["examples"] = [{"prompt": prompts[i], "autoregressive": ar_held[i].committed_text,
+                                       "diffusion": dif_held[i].committed_text} for i in range(5)]
+    engine.draft_chooser = chooser
     report["seconds"] = time.monotonic() - t0
     engine.close()
     print(json.dumps(report, indent=2))
     print(f"\nAR sanity accuracy: {report['ar_sanity_accuracy']:.0%}; AR tokens/forward {report['ar_tokens_per_forward']:.2f}\n")
-    print("| threshold | tokens/forward | exact match vs AR | token agreement | sanity accuracy | mean reply tokens | "
-          "draft kept by offset |")
-    print("|---|---|---|---|---|---|---|")
+    print("| threshold, drafts | tokens/forward | passes checking a continuation | exact match vs AR | token agreement | "
+          "sanity accuracy | mean reply tokens | draft kept by offset |")
+    print("|---|---|---|---|---|---|---|---|")
     for threshold, r in report["by_threshold"].items():
-        print(f"| {threshold} | {r['tokens_per_forward']:.2f} | {r['exact_match']:.0%} | {r['token_agreement']:.0%} | "
-              f"{r['sanity_accuracy']:.0%} | {r['mean_reply_tokens']:.1f} | "
+        print(f"| {threshold} | {r['tokens_per_forward']:.2f} | {r['continued_share']:.0%} | {r['exact_match']:.0%} | "
+              f"{r['token_agreement']:.0%} | {r['sanity_accuracy']:.0%} | {r['mean_reply_tokens']:.1f} | "
               f"{' / '.join(f'{v:.2f}' for v in r['kept_by_offset'])} |")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -34,6 +34,7 @@ class BlockDecoderBase:
     # head can seed another's cache (dllm_engine.prefix_cache); BlockCausalDecoder may say yes
     reusable_cache = False
     exact = False  # only checked tokens commit (BlockCausalDecoder may say yes)
+    continued_steps = 0  # steps that checked a continuation instead of a drafter's block (DraftHeadDecoder)
 
     def __init__(self, prompt_ids: list[int], cache: KVCache, block_size: int, max_new_tokens: int,
                  mask_id: int, eos_ids: set[int], shift: bool, stop_at_eos: bool):

@@ -10,6 +10,10 @@ One step of a request:
    exact keys and values (they stay in the cache); t_a is written by the next pass.
 2. the head takes the tapped features of the pass's verified rows as context and drafts
    [t_a, mask, ...]: the next step's d_0 .. d_k-1 (the engine runs it right after the pass).
+   Where a continuation of the request's tokens from text the target wrote before promises
+   more tokens a second (decoding/suffix_drafts.py, `DraftChooser`), the next pass checks that
+   continuation instead (up to `chooser.max_drafts` tokens) and the head's block pass is spared;
+   the head still takes the verified rows' features, for the steps after.
 
 The first step is the prompt's prefill, with no drafts. The reply equals greedy AR decoding
 token for token; the head only decides how many tokens a pass commits.
@@ -22,16 +26,24 @@ from torch import Tensor
 
 from dllm_engine.decoding.block_decoder import BlockCausalDecoder
 from dllm_engine.decoding.plan import StepPlan, Target
+from dllm_engine.decoding.suffix_drafts import DraftChooser
 from dllm_engine.models.transformer import Segment
 
 
 class DraftHeadDecoder(BlockCausalDecoder):
-    """block_size: the positions a step can commit (the target's token and block_size - 1 drafts)."""
+    """block_size: the head's block (the target's token and block_size - 1 of its drafts);
+    chooser: where continuations may replace the head's drafts, a step then commits up to
+    chooser.max_drafts + 1 tokens (the decoder's window is that wide)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, chooser: DraftChooser | None = None, **kwargs):
         kwargs.update(adapter=False, bidirectional_clean_blocks=False, exact=True)
+        self.head_drafts = kwargs["block_size"] - 1
+        self.chooser = chooser
+        if chooser is not None:
+            kwargs["block_size"] = max(kwargs["block_size"], chooser.max_drafts + 1)
         kwargs.setdefault("verify_drafts", kwargs["block_size"] - 1)
         super().__init__(*args, **kwargs)
+        self.continued_steps = 0  # steps whose drafts came from a continuation, not the head
         # verified rows' features the head has not taken yet: (features, first position)
         self.contexts: list[tuple[Tensor, int]] = []
         self._pass_start = 0
@@ -82,11 +94,20 @@ class DraftHeadDecoder(BlockCausalDecoder):
         if self.finished or not self.contexts:
             return None
         contexts, self.contexts = self.contexts, []
-        if self.reply and len(self.block) >= 2:
-            return contexts, self.unwritten[-1], self.written
-        return contexts, None, None
+        if not (self.reply and len(self.block) >= 2):
+            return contexts, None, None
+        if self.chooser is not None:
+            continued = self.chooser.choose(self.prompt_ids + self.reply, min(self.head_drafts, len(self.block) - 1))
+            if continued:
+                self.continued_steps += 1
+                self._guess(continued)
+                return contexts, None, None
+        return contexts, self.unwritten[-1], self.written
 
     def take_drafts(self, drafted: list[int]) -> None:
         """The head's guesses for the next positions (the next pass checks them)."""
-        for position, token in enumerate(drafted[:len(self.block)]):
+        self._guess(drafted[:self.head_drafts])
+
+    def _guess(self, drafts: list[int]) -> None:
+        for position, token in enumerate(drafts[:len(self.block) - 1]):
             self.guesses[position] = token

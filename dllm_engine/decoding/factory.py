@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from dllm_engine.decoding.block_decoder import BlockCausalDecoder, BlockDecoderBase, FullAttentionDecoder
 from dllm_engine.decoding.draft_head_decoder import DraftHeadDecoder
+from dllm_engine.decoding.suffix_drafts import DraftChooser
 from dllm_engine.models.families import FAMILIES
 from dllm_engine.models.transformer import KVCache
 from dllm_engine.request import EngineError, GenerationParams
@@ -29,16 +30,20 @@ def decode_block(loaded: "LoadedModel", params: GenerationParams) -> int:
     return block
 
 
-def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams, cache_dtype, device) -> BlockDecoderBase:
+def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams, cache_dtype, device,
+                 chooser: DraftChooser | None = None) -> BlockDecoderBase:
     """The request's decoder over a fresh (not yet allocated) KV cache of its longest reply:
-    the draft head's when the model has one, LLaDA/Dream's full-attention decoder, else the
-    block-causal one (AR mode is a block of 1 with the adapter off)."""
+    the draft head's when the model has one (drafting continuations too where `chooser` is
+    given), LLaDA/Dream's full-attention decoder, else the block-causal one (AR mode is a block
+    of 1 with the adapter off)."""
     config = loaded.config
     diffusion = params.mode == "diffusion"
     block = decode_block(loaded, params)
     head = loaded.draft_head if diffusion else None
     # the head drafts its whole block (whatever the decode block) from the last verified position
     overhang = max(block, head.spec.block_size) if head is not None else block
+    if head is not None and chooser is not None:
+        overhang = max(overhang, chooser.max_drafts + 1)
     total = len(ids) + params.max_new_tokens + overhang + 1
     if total > config.max_position_embeddings:
         raise EngineError(f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
@@ -50,7 +55,7 @@ def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams
                   mask_id=config.mask_token_id if config.mask_token_id is not None else _NO_MASK,
                   eos_ids=set(config.eos_token_ids), shift=config.logits_shift, stop_at_eos=params.stop_at_eos)
     if head is not None:
-        return DraftHeadDecoder(**common)
+        return DraftHeadDecoder(**common, chooser=chooser)
     if config.attention == "bidirectional" and diffusion:
         return FullAttentionDecoder(**common)
     exact = params.exact

@@ -45,6 +45,9 @@ class LoadedModel:
     draft_head: object | None = None
     draft_head_blocks: dict = field(default_factory=dict)
     draft_head_meta: dict = field(default_factory=dict)
+    # the target's own replies, searched for continuations a verify pass may check instead of
+    # the head's drafts (dllm_engine/decoding/suffix_drafts.py)
+    reply_corpus: object | None = None
 
     @property
     def drafts(self) -> bool:
@@ -85,13 +88,14 @@ class RegisteredModel:
     base: str  # a registered name or a loader source
     adapter: str | None = None  # file stem under dllm_engine/adapters/: a LoRA drafter
     draft_head: str | None = None  # file stem under dllm_engine/adapters/: a draft head
+    reply_corpus: str | None = None  # file stem under dllm_engine/adapters/: the target's replies
 
 
 REGISTRY = {
     "smollm2-135m": RegisteredModel("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF (autoregressive)", "gguf:smollm2"),
     "smollm2-135m-bd": RegisteredModel(
         "smollm2-135m-bd", "SmolLM2-135M-Instruct + our block-diffusion draft head on its hidden states (default)",
-        "smollm2-135m", draft_head="smollm2-135m-bd.draft-head"),
+        "smollm2-135m", draft_head="smollm2-135m-bd.draft-head", reply_corpus="smollm2-135m.replies"),
     "smollm2-135m-bd-lora": RegisteredModel(
         "smollm2-135m-bd-lora", "SmolLM2-135M-Instruct + our LoRA block-diffusion drafter (the earlier default)",
         "smollm2-135m", adapter="smollm2-135m-bd"),
@@ -115,6 +119,8 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, download: 
             attach_adapter(loaded, ADAPTER_DIR / f"{entry.adapter}.safetensors")
         if entry.draft_head:
             attach_draft_head(loaded, ADAPTER_DIR / f"{entry.draft_head}.safetensors")
+        if entry.reply_corpus:
+            loaded.reply_corpus = load_reply_corpus(ADAPTER_DIR / f"{entry.reply_corpus}.npz")
         return loaded
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf":
@@ -146,6 +152,15 @@ def _hub_snapshot(repo_id: str, download: bool) -> Path:
     except LocalEntryNotFoundError as exc:
         hint = "" if download else " (pass --download to fetch it, if online)"
         raise UnknownModelError(f"{repo_id} is not in the local Hugging Face cache{hint}") from exc
+
+
+def load_reply_corpus(path: Path):
+    """The target's replies (scripts/build_reply_corpus.py writes them), or a clear error."""
+    from dllm_engine.decoding.suffix_drafts import ReplyCorpus
+
+    if not path.is_file():
+        raise FileNotFoundError(f"reply corpus {path} is missing (build it with scripts/build_reply_corpus.py)")
+    return ReplyCorpus.load(path)
 
 
 # ---- draft heads ---------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ def test_bench_measures_both_modes_chooses_the_heads_block_and_rewrites_its_docs
     assert code == 0
     out = capsys.readouterr().out
     assert "| ours, diffusion |" in out and "| ours, autoregressive |" in out
+    assert "| ours, diffusion (head only) |" in out  # without continuation drafts, in the same run
+    assert "diffusion with the head's drafts only / autoregressive speed" in out
     assert "The draft head's block, chosen by a timed decoding step" in out
     assert "| block (exact token + drafts) | 2 | 3 | 4 |" in out
     written = docs.read_text()

@@ -114,7 +114,9 @@ def _oracle(engine, replies: dict[str, list[int]], right: int):
 @pytest.mark.parametrize("right", [0, 1, 2, BLOCK - 1])
 def test_right_drafts_commit_several_tokens_a_pass_and_keep_the_reply_exact(tiny_gguf, tmp_path, right):
     loaded = with_random_head(tiny_gguf, tmp_path)
-    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0)
+    # the head's drafts alone (continuations of earlier text would replace some: test_suffix_drafts.py)
+    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
+                    continuations=False)
     try:
         prompt_ids = {p: engine.prompt_ids(p, raw=False) for p in PROMPTS}
         ar_params = GenerationParams(mode="autoregressive", max_new_tokens=24, stop_at_eos=False)
@@ -193,6 +195,12 @@ def test_choose_block_times_each_block_and_decodes_with_the_best(tiny_gguf, tmp_
         assert [row["block"] for row in choice["blocks"]] == [2, 3, 4]
         best = max(choice["blocks"], key=lambda row: row["tokens_per_s"])
         assert choice["chosen"] == best["block"] == engine.config.block_size
+        # the verify pass timed for every count of drafts a continuation may have (1..7), and
+        # the continuation chooser weighs its drafts by those timings
+        assert len(choice["verify_ms"]) == engine.draft_chooser.max_drafts + 1
+        assert choice["head_context_ms"] > 0 and choice["head_block_ms"] > 0
+        assert len(engine.draft_chooser.verify_s) == 8
+        assert engine.draft_chooser.head_s == pytest.approx(choice["head_block_ms"] / 1000, abs=1e-5)
         ar = engine.generate("Hello there!", GenerationParams(mode="autoregressive", max_new_tokens=12))
         assert engine.generate("Hello there!", GenerationParams(mode="diffusion", max_new_tokens=12)).token_ids == ar.token_ids
     finally:

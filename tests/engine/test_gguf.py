@@ -253,3 +253,26 @@ def test_the_fused_pass_gives_the_torch_pass_greedy_replies_on_the_real_model():
         finally:
             engine.close()
     assert replies["fused"] == replies["torch"]
+
+
+@pytest.mark.slow
+def test_the_default_model_checks_continuations_of_its_own_replies_and_keeps_the_ar_reply():
+    """The shipped reply corpus (adapters/smollm2-135m.replies.npz) on the real model: some
+    passes check a continuation instead of the head's block, and every reply is the greedy AR
+    reply token for token (the default int8 pass: AR == exact diffusion bit for bit)."""
+    from dllm_engine.bench import BENCH_PROMPTS
+    from dllm_engine.engine import Engine
+    from dllm_engine.request import GenerationParams
+
+    engine = Engine.load("smollm2-135m-bd", prefix_cache_entries=0)
+    try:
+        assert engine.loaded.reply_corpus is not None and len(engine.loaded.reply_corpus) > 100_000
+        continued = 0
+        for prompt in BENCH_PROMPTS[:4]:
+            ar = engine.generate(prompt, GenerationParams(mode="autoregressive", max_new_tokens=48))
+            drafted = engine.generate(prompt, GenerationParams(mode="diffusion", max_new_tokens=48))
+            assert drafted.token_ids == ar.token_ids, prompt
+            continued += drafted.stats.continued_passes
+    finally:
+        engine.close()
+    assert continued > 0

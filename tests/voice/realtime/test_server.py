@@ -224,6 +224,9 @@ async def test_healthz_metrics_and_the_web_page(voice_server):
     state = health(voice_server)
     assert state["ok"] is True and set(state["models"]) == {"engine", "asr", "tts", "voices", "vad"}
     assert "live_sessions" in state
+    # what diffusion drafts with: the default model's head, and continuations from its reply corpus
+    drafts = state["engine"]["drafts"]
+    assert drafts.startswith("draft head, block ") and "reply corpus" in drafts, drafts
     status, text = http_get(voice_server.base_url + "/metrics")
     assert status == 200
     for name in ("voice_live_sessions", "voice_speech_stopped_to_first_audio_ms_bucket",

@@ -1,0 +1,333 @@
+"""Drafts from text the target has already produced: the continuations that followed the
+request's latest tokens elsewhere (SuffixDecoding, arXiv 2411.04975; prompt lookup decoding).
+
+A greedy target is deterministic: where its last few tokens match a stretch of its own earlier
+output, what followed there is a strong guess for what follows now. Two sources are searched:
+
+- the request's own prompt and reply (a reply that repeats the question, a list's pattern, an
+  earlier turn of the conversation);
+- a corpus of the target's own greedy replies to many voice-assistant turns, shipped with the
+  model (`ReplyCorpus`, built by scripts/build_reply_corpus.py from the draft head's data);
+- the engine's last few greedy replies (`RecentReplies`: a speculative reply redrafted on a
+  longer transcript, a question asked again).
+
+Each source yields the positions where the longest matching suffix of the request's tokens
+occurs; the draft walks forward from them, at each step taking the token most of them continue
+with and keeping only those that did. How likely each drafted token is to be kept is read from
+a `Calibration` table measured on conversations the corpus did not hold, by source, match length
+(which grows as the walk goes on), the token's share of the positions and their count: a share
+alone is overconfident (a single two-token match "agrees" with itself). The draft's expected
+kept tokens are the sum of the running products. The decoder drafts from here instead of the
+draft head when that expectation, per second of the pass it needs, beats the head's
+(`DraftChooser`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SEPARATOR = -1  # between the corpus's conversations: no match crosses it
+_STORED_SEPARATOR = 65535  # the separator in a saved corpus's uint16 tokens
+SAMPLE = 256  # positions a walk follows at most (an evenly spread sample of a larger match)
+SOURCES = ("history", "corpus")
+# a calibration cell's bounds (each value falls in the first bucket whose bound it does not pass)
+ORDER_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
+SHARE_BOUNDS = (0.3, 0.5, 0.7, 0.9, 0.999)
+COUNT_BOUNDS = (1, 3, 9)
+
+
+@dataclass
+class Step:
+    token: int
+    share: float  # of the positions still followed, those that continue with `token`
+    count: int  # positions still followed
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    probs: list[float]  # running product: the chance that tokens[:j + 1] are all kept
+    match: int  # tokens of the request matched
+
+    def expected(self, count: int | None = None) -> float:
+        """Expected drafts kept when the first `count` tokens are checked."""
+        return float(sum(self.probs[:count]))
+
+
+def walk(array: np.ndarray, starts: np.ndarray, max_tokens: int) -> Iterator[Step]:
+    """The greedy continuation from `starts` (positions in `array` right after a match), a step
+    at a time (a caller stops reading where the drafts stop paying)."""
+    if len(starts) > SAMPLE:
+        starts = starts[np.linspace(0, len(starts) - 1, SAMPLE).astype(np.int64)]
+    for offset in range(max_tokens):
+        at = starts + offset
+        inside = at < len(array)
+        nexts = array[at[inside]]
+        nexts = nexts[nexts != SEPARATOR]
+        if not len(nexts):
+            return
+        token, agreeing = int(nexts[0]), len(nexts)
+        if not (nexts == token).all():  # a long match mostly goes on one way: no sort needed
+            values, counts = np.unique(nexts, return_counts=True)
+            best = int(np.argmax(counts))
+            token, agreeing = int(values[best]), int(counts[best])
+        yield Step(token, agreeing / len(starts), len(starts))
+        starts = starts[inside][array[at[inside]] == token]
+
+
+def _bucket(value: float, bounds: tuple) -> int:
+    return bisect.bisect_left(bounds, value)
+
+
+@dataclass
+class Calibration:
+    """P(a drafted token is kept | the drafts before it were), by source, match length, share
+    and count bucket: hits / trials measured (scripts/build_reply_corpus.py), with two trials
+    of the share-based guess as the prior of each cell."""
+
+    hits: np.ndarray = field(default_factory=lambda: Calibration.empty())
+    trials: np.ndarray = field(default_factory=lambda: Calibration.empty())
+
+    @staticmethod
+    def empty() -> np.ndarray:
+        return np.zeros((len(SOURCES), len(ORDER_BOUNDS) + 1, len(SHARE_BOUNDS) + 1, len(COUNT_BOUNDS) + 1))
+
+    @staticmethod
+    def _cell(source: str, order: int, step: Step) -> tuple[int, int, int, int]:
+        return (SOURCES.index(source), _bucket(order, ORDER_BOUNDS), _bucket(step.share, SHARE_BOUNDS),
+                _bucket(step.count, COUNT_BOUNDS))
+
+    def prob(self, source: str, order: int, step: Step) -> float:
+        cell = self._cell(source, order, step)
+        guess = step.share * step.count / (step.count + 1)
+        return float((self.hits[cell] + 2 * guess) / (self.trials[cell] + 2))
+
+    def record(self, source: str, order: int, steps: Iterable[Step], truth: list[int]) -> None:
+        """Count a walk's drafts against what the target said, up to the first wrong one."""
+        for j, step in zip(range(len(truth)), steps):
+            cell = self._cell(source, order + j, step)
+            self.trials[cell] += 1
+            if step.token != truth[j]:
+                return
+            self.hits[cell] += 1
+
+    def proposal(self, source: str, order: int, steps: Iterable[Step], min_prob: float) -> Proposal:
+        """The walk's tokens while the chance that all so far are kept stays >= min_prob."""
+        tokens, probs, running = [], [], 1.0
+        for j, step in enumerate(steps):
+            running *= self.prob(source, order + j, step)
+            if running < min_prob:
+                break
+            tokens.append(step.token)
+            probs.append(running)
+        return Proposal(tokens, probs, order)
+
+
+def stretch_matches(array: np.ndarray, history: np.ndarray, max_order: int, min_order: int) -> tuple[np.ndarray, int]:
+    """Positions right after each occurrence in `array` of the history's longest suffix (of
+    min_order..max_order tokens) that occurs there, and that suffix's length: the matches end
+    where the history's last token sits, and grow backwards while the tokens before agree."""
+    ends = np.flatnonzero(array == history[-1])
+    order, found = 1, ends
+    top = min(max_order, len(history))
+    while len(ends) and order < top:
+        ends = ends[ends >= order]
+        ends = ends[array[ends - order] == history[-1 - order]]
+        if len(ends):
+            order, found = order + 1, ends
+    if order < min_order or not len(found):
+        return np.empty(0, dtype=np.int64), 0
+    return found + 1, order
+
+
+def history_matches(history: np.ndarray, max_order: int, min_order: int) -> tuple[np.ndarray, int]:
+    """stretch_matches of the history in itself, before its last token (positions index the history)."""
+    return stretch_matches(history[:-1], history, min(max_order, len(history) - 1), min_order)
+
+
+class RecentReplies:
+    """The last `capacity` greedy replies the engine made (each after its prompt's tail), searched
+    like the corpus: a reply asked for again (a redraft on a longer transcript, the same question
+    in another session) is drafted from what the target just said."""
+
+    def __init__(self, capacity: int = 64, prompt_tail: int = 24):
+        self.capacity, self.prompt_tail = capacity, prompt_tail
+        self._replies: list[list[int]] = []
+        self.tokens = np.empty(0, dtype=np.int32)
+
+    def add(self, prompt_ids: list[int], reply_ids: list[int]) -> None:
+        if not reply_ids or not self.capacity:
+            return
+        self._replies = (self._replies + [prompt_ids[-self.prompt_tail:] + reply_ids])[-self.capacity:]
+        self.tokens = np.asarray([t for reply in self._replies for t in reply + [SEPARATOR]], dtype=np.int32)
+
+    def matches(self, history: np.ndarray, max_order: int, min_order: int) -> tuple[np.ndarray, int]:
+        return stretch_matches(self.tokens, history, max_order, min_order)
+
+
+class ReplyCorpus:
+    """The target's replies as one token array (conversations separated by SEPARATOR), and the
+    suffix array of that array read backwards, sorted on each suffix's first `depth` tokens: a
+    backwards suffix is a stretch of tokens *ending* somewhere, so reading the request's tokens
+    from its last one backwards narrows one range of it a token at a time, and the last range
+    left holds every place where the longest matching stretch ends."""
+
+    def __init__(self, tokens: np.ndarray, suffixes: np.ndarray, depth: int, calibration: Calibration | None = None):
+        self.calibration = calibration or Calibration()
+        self.tokens = tokens.astype(np.int32)
+        self.backwards = self.tokens[::-1].copy()
+        self.suffixes = suffixes.astype(np.int64)
+        self.depth = depth
+        first = self.backwards[self.suffixes]  # sorted: each token's range of the array
+        self._first_bounds = np.searchsorted(first, np.arange(int(first.max(initial=0)) + 2))
+
+    @classmethod
+    def build(cls, conversations: list[list[int]], depth: int = 32) -> "ReplyCorpus":
+        pieces = []
+        for tokens in conversations:
+            pieces.extend(tokens)
+            pieces.append(SEPARATOR)
+        corpus = np.asarray(pieces, dtype=np.int32)
+        return cls(corpus, sort_suffixes(corpus[::-1], depth), depth)
+
+    @classmethod
+    def load(cls, path: Path) -> "ReplyCorpus":
+        with np.load(path) as data:
+            tokens = data["tokens"].astype(np.int32)
+            tokens[tokens == _STORED_SEPARATOR] = SEPARATOR
+            calibration = Calibration(data["hits"], data["trials"]) if "hits" in data else None
+            return cls(tokens, data["suffixes"], int(data["depth"]), calibration)
+
+    def save(self, path: Path) -> None:
+        """As uint16 tokens (a vocabulary under 65,535) and uint32 suffix positions."""
+        if self.tokens.max(initial=0) >= _STORED_SEPARATOR or len(self.tokens) >= 2**32:
+            raise ValueError("a reply corpus is stored as uint16 tokens and uint32 positions")
+        stored = np.where(self.tokens == SEPARATOR, _STORED_SEPARATOR, self.tokens).astype(np.uint16)
+        np.savez_compressed(path, tokens=stored, suffixes=self.suffixes.astype(np.uint32), depth=np.int64(self.depth),
+                            hits=self.calibration.hits, trials=self.calibration.trials)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def _narrow(self, lo: int, hi: int, offset: int, token: int) -> tuple[int, int]:
+        """The part of the suffix range [lo, hi) (whose suffixes agree on their first `offset`
+        tokens, so are sorted by the next) whose token at `offset` is `token`."""
+        if hi - lo > 1024:  # a long range: binary search, reading only the tokens it visits
+            def at(suffix) -> int:
+                position = int(suffix) + offset
+                return int(self.backwards[position]) if position < len(self.backwards) else SEPARATOR - 1
+            return (bisect.bisect_left(self.suffixes, token, lo, hi, key=at),
+                    bisect.bisect_right(self.suffixes, token, lo, hi, key=at))
+        column = self.suffixes[lo:hi] + offset
+        inside = column < len(self.backwards)
+        values = np.where(inside, self.backwards[np.where(inside, column, 0)], SEPARATOR - 1)
+        left, right = np.searchsorted(values, [token, token + 1])
+        return lo + int(left), lo + int(right)
+
+    def matches(self, history: np.ndarray, max_order: int, min_order: int) -> tuple[np.ndarray, int]:
+        """Positions right after each occurrence in the corpus of the history's longest suffix
+        (of min_order..max_order tokens), and that suffix's length."""
+        token = int(history[-1])
+        if token + 1 >= len(self._first_bounds):
+            return np.empty(0, dtype=np.int64), 0
+        lo, hi = int(self._first_bounds[token]), int(self._first_bounds[token + 1])
+        order, found = 1, (lo, hi)
+        top = min(max_order, self.depth, len(history))
+        while lo < hi and order < top:
+            lo, hi = self._narrow(lo, hi, order, int(history[-1 - order]))
+            if lo < hi:
+                order, found = order + 1, (lo, hi)
+        if order < min_order or found[0] >= found[1]:
+            return np.empty(0, dtype=np.int64), 0
+        # a backwards suffix starting at r ends the forward stretch at len - 1 - r
+        return len(self.tokens) - self.suffixes[found[0]:found[1]], order
+
+
+def sort_suffixes(corpus: np.ndarray, depth: int) -> np.ndarray:
+    """Suffix start positions sorted by their first `depth` tokens (prefix doubling: each round
+    sorts by twice as many tokens, from the ranks of the last)."""
+    n = len(corpus)
+    rank = corpus.astype(np.int64) + 2  # the separator ranks low; past the end ranks 0
+    span = 1
+    while True:
+        after = np.zeros(n, dtype=np.int64)
+        after[:n - span] = rank[span:]
+        order = np.lexsort((after, rank))
+        pairs = np.stack([rank[order], after[order]])
+        new = np.empty(n, dtype=np.int64)
+        new[order] = np.concatenate([[1], (np.diff(pairs, axis=1) != 0).any(axis=0)]).cumsum()
+        rank, span = new, span * 2
+        if span >= depth or rank.max() == n:
+            return order
+
+
+@dataclass
+class DraftChooser:
+    """Chooses, per step, what the next verify pass checks: the draft head's block, or the
+    likelier continuation (request history or corpus) cut where it stops paying.
+
+    head_kept[j]: the head's held-out share of blocks whose first j + 1 drafts were all kept.
+    verify_s[r]: seconds of a verify pass over r + 1 rows (the exact token and r drafts), and
+    head_s the head's block pass, as timed on this machine (Engine.choose_block); the untimed
+    defaults say rows are free and the head costs a third of a pass. Both options cost the
+    verify pass; the head's also costs its own pass, which a continuation spares."""
+
+    corpus: ReplyCorpus | None
+    head_kept: list[float]
+    max_drafts: int = 7
+    min_prob: float = 0.05
+    max_order: int = 32
+    min_order: int = 1
+    verify_s: list[float] | None = None
+    head_s: float = 0.33
+    recent: RecentReplies = field(default_factory=RecentReplies)
+
+    @property
+    def calibration(self) -> Calibration:
+        return self.corpus.calibration if self.corpus is not None else Calibration()
+
+    def verify_cost(self, drafts: int) -> float:
+        if not self.verify_s:
+            return 1.0
+        return self.verify_s[min(drafts, len(self.verify_s) - 1)]
+
+    def head_rate(self, head_drafts: int) -> float:
+        """Expected tokens a second of a step that checks the head's `head_drafts` drafts."""
+        return (1 + sum(self.head_kept[:head_drafts])) / (self.verify_cost(head_drafts) + self.head_s)
+
+    def walks(self, history: list[int]) -> list[tuple[str, int, Iterator[Step]]]:
+        """(source, match length, walk) from each source where the request's tokens match (recent
+        replies count as the request's own history: text of the same hour, often the same talk)."""
+        tokens = np.asarray(history, dtype=np.int32)
+        found = [("history", tokens, history_matches(tokens, self.max_order, self.min_order)),
+                 ("history", self.recent.tokens, self.recent.matches(tokens, self.max_order, self.min_order))]
+        if self.corpus is not None:
+            found.append(("corpus", self.corpus.tokens, self.corpus.matches(tokens, self.max_order, self.min_order)))
+        return [(source, order, walk(array, starts, self.max_drafts))
+                for source, array, (starts, order) in found if order]
+
+    def propose(self, history: list[int]) -> Proposal | None:
+        """The continuation of the request's tokens with the most expected kept drafts, or None."""
+        best = None
+        for source, order, steps in self.walks(history):
+            proposal = self.calibration.proposal(source, order, steps, self.min_prob)
+            if proposal.tokens and (best is None or proposal.expected() > best.expected()):
+                best = proposal
+        return best
+
+    def choose(self, history: list[int], head_drafts: int) -> list[int] | None:
+        """The continuation's drafts to check instead of the head's (cut to the length with the
+        most expected tokens a second), or None when the head's block is the better bet."""
+        proposal = self.propose(history)
+        if proposal is None:
+            return None
+        rates = [(1 + proposal.expected(n)) / self.verify_cost(n) for n in range(1, len(proposal.tokens) + 1)]
+        best = int(np.argmax(rates))
+        if rates[best] <= self.head_rate(head_drafts):
+            return None
+        return proposal.tokens[:best + 1]

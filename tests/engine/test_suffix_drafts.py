@@ -1,0 +1,166 @@
+"""Continuation drafts (dllm_engine/decoding/suffix_drafts.py): the corpus search finds exactly
+the longest matching stretches a brute-force scan finds, the walk's probabilities are the shares
+it says, the chooser weighs a continuation against the head by tokens a second, and in the
+engine a continuation's right drafts commit several tokens a pass while wrong ones change
+nothing of the reply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dllm_engine.decoding.suffix_drafts import (SEPARATOR, Calibration, DraftChooser, RecentReplies, ReplyCorpus,
+                                               Step, history_matches, walk)
+from dllm_engine.engine import Engine
+from dllm_engine.request import GenerationParams
+from kernels import cpu
+from test_draft_head import tiny_gguf, with_random_head  # noqa: F401 (a fixture)
+
+
+def brute_matches(tokens: list[int], history: list[int], max_order: int) -> tuple[list[int], int]:
+    """Positions after each occurrence of the history's longest suffix (up to max_order)."""
+    best, positions = 0, []
+    for order in range(1, min(max_order, len(history)) + 1):
+        pattern = history[-order:]
+        found = [end + 1 for end in range(order - 1, len(tokens)) if tokens[end - order + 1:end + 1] == pattern]
+        if found:
+            best, positions = order, found
+    return positions, best
+
+
+def test_the_corpus_finds_every_place_the_longest_matching_stretch_ends():
+    rng = np.random.default_rng(0)
+    conversations = [rng.integers(0, 5, size=rng.integers(3, 30)).tolist() for _ in range(150)]
+    corpus = ReplyCorpus.build(conversations, depth=8)
+    tokens = corpus.tokens.tolist()
+    for _ in range(300):
+        history = rng.integers(0, 5, size=rng.integers(1, 12)).tolist()
+        starts, order = corpus.matches(np.asarray(history, dtype=np.int32), max_order=8, min_order=1)
+        positions, best = brute_matches(tokens, history, 8)
+        assert order == best and sorted(starts.tolist()) == sorted(positions)
+
+
+def test_no_match_crosses_a_conversation_boundary_and_a_short_one_is_no_match():
+    corpus = ReplyCorpus.build([[1, 2, 3], [4, 5, 6]], depth=8)
+    starts, order = corpus.matches(np.array([3, 4, 5]), max_order=8, min_order=1)
+    assert order == 2 and corpus.tokens[starts].tolist() == [6]  # [4, 5], not [3, sep, 4, 5]
+    assert corpus.matches(np.array([9, 5]), max_order=8, min_order=2)[1] == 0
+    assert corpus.matches(np.array([70000]), max_order=8, min_order=1)[1] == 0  # a token it never saw
+
+
+def test_a_saved_corpus_loads_with_the_same_matches(tmp_path):
+    corpus = ReplyCorpus.build([[10, 11, 12, 13], [11, 12, 14], [49151, 11, 12, 13]], depth=8)
+    corpus.save(tmp_path / "replies.npz")
+    loaded = ReplyCorpus.load(tmp_path / "replies.npz")
+    assert loaded.tokens.tolist() == corpus.tokens.tolist() and SEPARATOR in loaded.tokens.tolist()
+    for history in ([11, 12], [10, 11, 12], [9, 49151, 11]):
+        a, b = corpus.matches(np.array(history), 8, 1), loaded.matches(np.array(history), 8, 1)
+        assert a[1] == b[1] and sorted(a[0].tolist()) == sorted(b[0].tolist())
+
+
+def test_the_walk_follows_the_majority_and_says_each_tokens_share_and_count():
+    corpus = np.array([7, 1, 2, SEPARATOR, 7, 1, 3, SEPARATOR, 7, 1, 2, 5, SEPARATOR], dtype=np.int32)
+    steps = list(walk(corpus, np.array([1, 5, 9]), max_tokens=4))
+    assert [(s.token, s.share, s.count) for s in steps] == [(1, 1.0, 3), (2, 2 / 3, 3), (5, 1 / 2, 2)]
+
+
+def test_the_calibration_learns_how_often_a_cell_is_kept_and_cuts_unlikely_drafts():
+    calibration = Calibration()
+    sure = [Step(4, 1.0, 1), Step(5, 1.0, 1)]
+    untrained = calibration.prob("corpus", 2, sure[0])
+    assert untrained == pytest.approx(0.5)  # one match agreeing with itself: the prior's guess
+    for _ in range(40):  # two-token matches of one corpus stretch: the first draft held a quarter of the time
+        calibration.record("corpus", 2, sure, [4, 5] if _ % 4 == 0 else [9, 5])
+    assert calibration.prob("corpus", 2, sure[0]) == pytest.approx((10 + 1) / (40 + 2))
+    assert calibration.prob("history", 2, sure[0]) == untrained  # another source's cell is untouched
+    # the second draft (a three-token match by then) held each of its 10 trials: 11/12
+    proposal = calibration.proposal("corpus", 2, sure, min_prob=0.2)
+    assert proposal.tokens == [4, 5] and proposal.expected() == pytest.approx(11 / 42 * (1 + 11 / 12))
+    assert calibration.proposal("corpus", 2, sure, min_prob=0.25).tokens == [4]
+
+
+def test_the_history_match_is_the_longest_earlier_occurrence():
+    history = np.array([5, 1, 2, 3, 9, 2, 3, 4, 1, 2, 3])
+    starts, order = history_matches(history, max_order=8, min_order=2)
+    assert order == 3 and starts.tolist() == [4]  # [1, 2, 3] before, followed by 9
+    assert history_matches(np.array([1, 2, 3]), 8, 2)[1] == 0
+
+
+def test_recent_replies_keep_the_last_few_after_their_prompts_tail():
+    recent = RecentReplies(capacity=2, prompt_tail=2)
+    recent.add([1, 2, 3], [10, 11, 12])
+    recent.add([4, 5, 6], [20, 21])
+    recent.add([7, 8, 9], [])  # nothing said: nothing kept
+    starts, order = recent.matches(np.array([0, 2, 3, 10]), max_order=8, min_order=1)
+    assert order == 3 and recent.tokens[starts].tolist() == [11]
+    recent.add([1, 1, 1], [30])  # the oldest goes
+    assert recent.matches(np.array([3, 10]), 8, 1)[1] == 0
+    off = RecentReplies(capacity=0)
+    off.add([1], [2])
+    assert len(off.tokens) == 0
+
+
+def test_the_chooser_drafts_a_continuation_only_where_it_beats_the_head_per_second():
+    corpus = ReplyCorpus.build([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 5 + [[1, 2, 3, 0]], depth=16)
+    history = [20, 1, 2, 3]
+    free_rows = DraftChooser(corpus, head_kept=[0.5, 0.2, 0.1], max_drafts=5)
+    assert free_rows.choose(history, 3) == [4, 5, 6, 7, 8]  # 5 of 6 go on the same way
+    # rows that cost much more than the first: only the drafts that pay for their row
+    dear_rows = DraftChooser(corpus, [0.5, 0.2, 0.1], max_drafts=5, verify_s=[1, 1.1, 3, 5, 7, 9], head_s=0.1)
+    assert dear_rows.choose(history, 3) == [4]
+    # a head that keeps nearly everything wins over an uncertain continuation
+    sure_head = DraftChooser(ReplyCorpus.build([[1, 2, 3, 4]] * 2 + [[1, 2, 3, 5]] * 2, depth=8),
+                             [0.99, 0.98, 0.97], max_drafts=5, head_s=0.0)
+    assert sure_head.choose(history, 3) is None
+    assert free_rows.choose([30, 31], 3) is None  # nothing matches
+
+
+def _engine(loaded, **kwargs):
+    return Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0, **kwargs)
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_continuations_commit_their_right_drafts_and_never_change_the_reply(tiny_gguf, tmp_path, right):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    params = GenerationParams(mode="autoregressive", max_new_tokens=24, stop_at_eos=False)
+    prompt = "Tell me a story."
+    plain = _engine(loaded, continuations=False)
+    try:
+        reply = plain.generate(prompt, params).token_ids
+        head_only = plain.generate(prompt, GenerationParams(mode="diffusion", max_new_tokens=24, stop_at_eos=False))
+        prompt_ids = plain.prompt_ids(prompt, raw=False)
+    finally:
+        plain.close()
+    vocab = loaded.config.vocab_size
+    if right:  # the target's own reply
+        written = [prompt_ids[-4:] + reply] * 3
+    else:  # copies of it, each with one token wrong: drafts right up to a point, then wrong
+        written = [prompt_ids[-4:] + reply[:j] + [(reply[j] + 1) % vocab] + reply[j + 1:] for j in range(0, 24, 3)]
+    loaded.reply_corpus = ReplyCorpus.build(written, depth=32)
+    engine = _engine(loaded)
+    try:
+        result = engine.generate(prompt, GenerationParams(mode="diffusion", max_new_tokens=24, stop_at_eos=False))
+    finally:
+        engine.close()
+    assert result.token_ids == reply == head_only.token_ids
+    if right:  # the corpus knew the reply: long runs of it commit in a pass each
+        assert result.stats.continued_passes >= 1
+        assert result.stats.forward_passes < head_only.stats.forward_passes
+        assert max(i for i, n in enumerate(result.stats.pass_commits) if n) >= 5
+
+
+def test_a_reply_asked_for_again_is_drafted_from_the_recent_one(tiny_gguf, tmp_path):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    params = GenerationParams(mode="diffusion", max_new_tokens=24, stop_at_eos=False)
+    passes = {}
+    for recent in (0, 8):
+        engine = _engine(loaded, recent_replies=recent)
+        try:
+            first = engine.generate("Tell me a story.", params)
+            again = engine.generate("Tell me a story.", params)
+        finally:
+            engine.close()
+        assert again.token_ids == first.token_ids
+        passes[recent] = again.stats.forward_passes
+    assert passes[8] <= 6 < passes[0]  # 24 tokens: the prefill, then up to 8 a pass
