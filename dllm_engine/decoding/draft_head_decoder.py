@@ -26,7 +26,7 @@ from torch import Tensor
 
 from dllm_engine.decoding.block_decoder import BlockCausalDecoder
 from dllm_engine.decoding.plan import StepPlan, Target
-from dllm_engine.decoding.suffix_drafts import DraftChooser
+from dllm_engine.decoding.suffix_drafts import DraftChooser, Proposal
 from dllm_engine.models.transformer import Segment
 
 
@@ -44,6 +44,8 @@ class DraftHeadDecoder(BlockCausalDecoder):
         kwargs.setdefault("verify_drafts", kwargs["block_size"] - 1)
         super().__init__(*args, **kwargs)
         self.continued_steps = 0  # steps whose drafts came from a continuation, not the head
+        self._drafted_by: Proposal | str | None = None  # who drafted what the next pass checks
+        self._checked = 0  # drafts the last pass checked
         # verified rows' features the head has not taken yet: (features, first position)
         self.contexts: list[tuple[Tensor, int]] = []
         self._pass_start = 0
@@ -67,6 +69,7 @@ class DraftHeadDecoder(BlockCausalDecoder):
         if not plan.targets:  # a prefill chunk: every row it wrote is verified
             self.contexts.append((plan.taps, self.written))
         self._pass_start, self._pass_features = self.written, plan.taps
+        self._checked = sum(t.given is not None for t in plan.targets)
         return super().take_predictions(plan, tokens)
 
     def _slide(self) -> None:
@@ -76,6 +79,7 @@ class DraftHeadDecoder(BlockCausalDecoder):
         if not settled:
             return
         kept_drafts = settled - 1
+        self._tell_chooser(kept_drafts)
         self.written += kept_drafts
         if self._pass_features is not None:
             self.contexts.append((self._pass_features[:self.written - self._pass_start], self._pass_start))
@@ -98,15 +102,27 @@ class DraftHeadDecoder(BlockCausalDecoder):
             return contexts, None, None
         if self.chooser is not None:
             continued = self.chooser.choose(self.prompt_ids + self.reply, min(self.head_drafts, len(self.block) - 1))
-            if continued:
+            if continued is not None:
                 self.continued_steps += 1
-                self._guess(continued)
+                self._guess(continued.tokens)
+                self._drafted_by = continued
                 return contexts, None, None
         return contexts, self.unwritten[-1], self.written
 
     def take_drafts(self, drafted: list[int]) -> None:
         """The head's guesses for the next positions (the next pass checks them)."""
         self._guess(drafted[:self.head_drafts])
+        self._drafted_by = "head"
+
+    def _tell_chooser(self, kept: int) -> None:
+        """How the drafts the last pass checked fared, so the chooser learns this engine's odds."""
+        drafted_by, self._drafted_by = self._drafted_by, None
+        if self.chooser is None or drafted_by is None or not self._checked:
+            return
+        if drafted_by == "head":
+            self.chooser.observe_head(self._checked, kept)
+        else:
+            self.chooser.observe_continuation(drafted_by.cut(self._checked), kept)
 
     def _guess(self, drafts: list[int]) -> None:
         for position, token in enumerate(drafts[:len(self.block) - 1]):

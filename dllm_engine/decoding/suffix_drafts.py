@@ -39,6 +39,10 @@ SOURCES = ("history", "corpus")
 ORDER_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 SHARE_BOUNDS = (0.3, 0.5, 0.7, 0.9, 0.999)
 COUNT_BOUNDS = (1, 3, 9)
+# outcomes this engine saw that weigh as much as a cell's measured rate (or the head's held-out
+# acceptance): the calibration and the held-out figures come from templated voice turns, and
+# what a live engine is asked may be drafted better or worse than that
+OBSERVED_WEIGHT = 16
 
 
 @dataclass
@@ -53,6 +57,10 @@ class Proposal:
     tokens: list[int]
     probs: list[float]  # running product: the chance that tokens[:j + 1] are all kept
     match: int  # tokens of the request matched
+    cells: list[tuple] = field(default_factory=list)  # each token's calibration cell
+
+    def cut(self, count: int) -> "Proposal":
+        return Proposal(self.tokens[:count], self.probs[:count], self.match, self.cells[:count])
 
     def expected(self, count: int | None = None) -> float:
         """Expected drafts kept when the first `count` tokens are checked."""
@@ -102,10 +110,15 @@ class Calibration:
         return (SOURCES.index(source), _bucket(order, ORDER_BOUNDS), _bucket(step.share, SHARE_BOUNDS),
                 _bucket(step.count, COUNT_BOUNDS))
 
-    def prob(self, source: str, order: int, step: Step) -> float:
+    def prob(self, source: str, order: int, step: Step, observed: "Calibration | None" = None) -> float:
+        """The cell's measured rate; with `observed` (this engine's own outcomes), that rate
+        pulled towards what this engine saw, OBSERVED_WEIGHT outcomes weighing as much as it."""
         cell = self._cell(source, order, step)
         guess = step.share * step.count / (step.count + 1)
-        return float((self.hits[cell] + 2 * guess) / (self.trials[cell] + 2))
+        measured = float((self.hits[cell] + 2 * guess) / (self.trials[cell] + 2))
+        if observed is None:
+            return measured
+        return float((observed.hits[cell] + OBSERVED_WEIGHT * measured) / (observed.trials[cell] + OBSERVED_WEIGHT))
 
     def record(self, source: str, order: int, steps: Iterable[Step], truth: list[int]) -> None:
         """Count a walk's drafts against what the target said, up to the first wrong one."""
@@ -116,16 +129,24 @@ class Calibration:
                 return
             self.hits[cell] += 1
 
-    def proposal(self, source: str, order: int, steps: Iterable[Step], min_prob: float) -> Proposal:
+    def proposal(self, source: str, order: int, steps: Iterable[Step], min_prob: float,
+                 observed: "Calibration | None" = None) -> Proposal:
         """The walk's tokens while the chance that all so far are kept stays >= min_prob."""
-        tokens, probs, running = [], [], 1.0
+        proposal, running = Proposal([], [], order), 1.0
         for j, step in enumerate(steps):
-            running *= self.prob(source, order + j, step)
+            running *= self.prob(source, order + j, step, observed)
             if running < min_prob:
                 break
-            tokens.append(step.token)
-            probs.append(running)
-        return Proposal(tokens, probs, order)
+            proposal.tokens.append(step.token)
+            proposal.probs.append(running)
+            proposal.cells.append(self._cell(source, order + j, step))
+        return proposal
+
+    def observe(self, cells: list[tuple], kept: int) -> None:
+        """Drafts of these cells were checked in order and the first `kept` held."""
+        for j, cell in enumerate(cells[:kept + 1]):
+            self.trials[cell] += 1
+            self.hits[cell] += j < kept
 
 
 def stretch_matches(array: np.ndarray, history: np.ndarray, max_order: int, min_order: int) -> tuple[np.ndarray, int]:
@@ -286,6 +307,10 @@ class DraftChooser:
     verify_s: list[float] | None = None
     head_s: float = 0.33
     recent: RecentReplies = field(default_factory=RecentReplies)
+    # what this engine's verify passes said: continuation drafts by cell, the head's by offset
+    observed: Calibration = field(default_factory=Calibration)
+    head_checked: list[int] = field(default_factory=list)
+    head_held: list[int] = field(default_factory=list)
 
     @property
     def calibration(self) -> Calibration:
@@ -296,9 +321,30 @@ class DraftChooser:
             return 1.0
         return self.verify_s[min(drafts, len(self.verify_s) - 1)]
 
+    def head_kept_now(self, offset: int) -> float:
+        """P(the head's first offset + 1 drafts are all kept): held-out, pulled towards what this
+        engine saw."""
+        prior = self.head_kept[offset] if offset < len(self.head_kept) else 0.0
+        checked = self.head_checked[offset] if offset < len(self.head_checked) else 0
+        held = self.head_held[offset] if offset < len(self.head_held) else 0
+        return (held + OBSERVED_WEIGHT * prior) / (checked + OBSERVED_WEIGHT)
+
     def head_rate(self, head_drafts: int) -> float:
         """Expected tokens a second of a step that checks the head's `head_drafts` drafts."""
-        return (1 + sum(self.head_kept[:head_drafts])) / (self.verify_cost(head_drafts) + self.head_s)
+        kept = sum(self.head_kept_now(j) for j in range(head_drafts))
+        return (1 + kept) / (self.verify_cost(head_drafts) + self.head_s)
+
+    def observe_head(self, checked: int, kept: int) -> None:
+        """A verify pass checked `checked` of the head's drafts and kept the first `kept`."""
+        grow = max(0, checked - len(self.head_checked))
+        self.head_checked += [0] * grow
+        self.head_held += [0] * grow
+        for j in range(checked):
+            self.head_checked[j] += 1
+            self.head_held[j] += j < kept
+
+    def observe_continuation(self, proposal: Proposal, kept: int) -> None:
+        self.observed.observe(proposal.cells, kept)
 
     def walks(self, history: list[int]) -> list[tuple[str, int, Iterator[Step]]]:
         """(source, match length, walk) from each source where the request's tokens match (recent
@@ -315,13 +361,13 @@ class DraftChooser:
         """The continuation of the request's tokens with the most expected kept drafts, or None."""
         best = None
         for source, order, steps in self.walks(history):
-            proposal = self.calibration.proposal(source, order, steps, self.min_prob)
+            proposal = self.calibration.proposal(source, order, steps, self.min_prob, self.observed)
             if proposal.tokens and (best is None or proposal.expected() > best.expected()):
                 best = proposal
         return best
 
-    def choose(self, history: list[int], head_drafts: int) -> list[int] | None:
-        """The continuation's drafts to check instead of the head's (cut to the length with the
+    def choose(self, history: list[int], head_drafts: int) -> Proposal | None:
+        """The continuation to check instead of the head's drafts (cut to the length with the
         most expected tokens a second), or None when the head's block is the better bet."""
         proposal = self.propose(history)
         if proposal is None:
@@ -330,4 +376,4 @@ class DraftChooser:
         best = int(np.argmax(rates))
         if rates[best] <= self.head_rate(head_drafts):
             return None
-        return proposal.tokens[:best + 1]
+        return proposal.cut(best + 1)

@@ -105,15 +105,30 @@ def test_the_chooser_drafts_a_continuation_only_where_it_beats_the_head_per_seco
     corpus = ReplyCorpus.build([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 5 + [[1, 2, 3, 0]], depth=16)
     history = [20, 1, 2, 3]
     free_rows = DraftChooser(corpus, head_kept=[0.5, 0.2, 0.1], max_drafts=5)
-    assert free_rows.choose(history, 3) == [4, 5, 6, 7, 8]  # 5 of 6 go on the same way
+    assert free_rows.choose(history, 3).tokens == [4, 5, 6, 7, 8]  # 5 of 6 go on the same way
     # rows that cost much more than the first: only the drafts that pay for their row
     dear_rows = DraftChooser(corpus, [0.5, 0.2, 0.1], max_drafts=5, verify_s=[1, 1.1, 3, 5, 7, 9], head_s=0.1)
-    assert dear_rows.choose(history, 3) == [4]
+    assert dear_rows.choose(history, 3).tokens == [4]
     # a head that keeps nearly everything wins over an uncertain continuation
     sure_head = DraftChooser(ReplyCorpus.build([[1, 2, 3, 4]] * 2 + [[1, 2, 3, 5]] * 2, depth=8),
                              [0.99, 0.98, 0.97], max_drafts=5, head_s=0.0)
     assert sure_head.choose(history, 3) is None
     assert free_rows.choose([30, 31], 3) is None  # nothing matches
+
+
+def test_the_chooser_learns_from_what_the_verify_passes_kept():
+    corpus = ReplyCorpus.build([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 5, depth=16)
+    chooser = DraftChooser(corpus, head_kept=[0.3, 0.1, 0.0], max_drafts=5, head_s=0.0)
+    proposal = chooser.choose([20, 1, 2, 3], 3)
+    assert proposal is not None
+    for _ in range(200):  # here the corpus's continuations always fail at once
+        chooser.observe_continuation(proposal, kept=0)
+    assert chooser.choose([20, 1, 2, 3], 3) is None
+    assert chooser.head_kept_now(0) == pytest.approx(0.3)
+    for _ in range(48):  # and the head keeps everything it drafts
+        chooser.observe_head(checked=3, kept=3)
+    assert chooser.head_kept_now(0) == pytest.approx((48 + 16 * 0.3) / (48 + 16))
+    assert chooser.head_kept_now(2) == pytest.approx(48 / 64)
 
 
 def _engine(loaded, **kwargs):
