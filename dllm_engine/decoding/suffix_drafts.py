@@ -19,7 +19,8 @@ a `Calibration` table measured on conversations the corpus did not hold, by sour
 alone is overconfident (a single two-token match "agrees" with itself). The draft's expected
 kept tokens are the sum of the running products. The decoder drafts from here instead of the
 draft head when that expectation, per second of the pass it needs, beats the head's
-(`DraftChooser`).
+(`DraftChooser`); every verify pass's outcome is fed back (`observe_*`), so both figures move
+towards what this engine's own requests show.
 """
 
 from __future__ import annotations
