@@ -19,6 +19,7 @@ region pays a futex wake-up: the scheduler's forward passes measured ~1.6x slowe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -310,6 +311,16 @@ class Engine:
             self._closing = True
             self._lock.notify()
         self._thread.join(timeout=10)
+
+    @contextlib.contextmanager
+    def head_drafts_only(self):
+        """Requests made inside draft with the head alone, no continuations (benches compare the
+        two side by side); call it on an idle engine."""
+        chooser, self.draft_chooser = self.draft_chooser, None
+        try:
+            yield
+        finally:
+            self.draft_chooser = chooser
 
     def _keep_reply(self, prompt_ids: list[int], reply_ids: list[int]) -> None:
         """An ended greedy reply, for continuation drafts of later requests."""

@@ -12,6 +12,7 @@ a markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -52,6 +53,21 @@ def kept_by_offset(finals: list) -> list[float]:
             counts[k] += n
     deciding = sum(counts[1:])
     return [round(sum(counts[j + 1:]) / max(1, deciding), 4) for j in range(1, len(counts) - 1)]
+
+
+def diffusion_figures(ar_held: list, dif_held: list, dif_sanity: list) -> dict:
+    """One diffusion configuration's replies against the AR replies to the same prompts."""
+    passes = max(1, sum(f.stats.forward_passes for f in dif_held))
+    return {
+        "tokens_per_forward": sum(f.stats.committed_tokens for f in dif_held) / passes,
+        "continued_share": sum(f.stats.continued_passes for f in dif_held) / passes,
+        "exact_match": sum(a.token_ids == d.token_ids for a, d in zip(ar_held, dif_held)) / len(dif_held),
+        "token_agreement": sum(agreement(a.token_ids, d.token_ids) for a, d in zip(ar_held, dif_held)) / len(dif_held),
+        "sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(dif_sanity, SANITY_QUESTIONS))
+        / len(dif_sanity),
+        "mean_reply_tokens": sum(f.stats.new_tokens for f in dif_held) / len(dif_held),
+        "kept_by_offset": kept_by_offset(dif_held),
+    }
 
 
 def correct(answer: str, keywords: list[str]) -> bool:
@@ -110,30 +126,18 @@ def main() -> None:
               "ar_sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(ar_sanity, SANITY_QUESTIONS)) / len(sanity),
               "ar_tokens_per_forward": sum(f.stats.committed_tokens for f in ar_held) / sum(f.stats.forward_passes for f in ar_held),
               "by_threshold": {}, "examples": []}
-    chooser = engine.draft_chooser
     for drafts in args.drafts.split(","):
         if drafts not in ("head", "continuations"):
             sys.exit(f"--drafts takes head and continuations, not {drafts!r}")
-        engine.draft_chooser = chooser if drafts == "continuations" else None
-        for threshold in [None if t == "exact" else float(t) for t in args.thresholds.split(",")]:
-            dif = run_all(engine, held_out + sanity, params("diffusion", threshold), args.concurrency)
-            dif_held, dif_sanity = dif[:len(held_out)], dif[len(held_out):]
-            tokens = sum(f.stats.new_tokens for f in dif_held)
-            passes = max(1, sum(f.stats.forward_passes for f in dif_held))
-            label = f"{'exact' if threshold is None else threshold}, {drafts}"
-            report["by_threshold"][label] = {
-                "tokens_per_forward": sum(f.stats.committed_tokens for f in dif_held) / passes,
-                "continued_share": sum(f.stats.continued_passes for f in dif_held) / passes,
-                "exact_match": sum(a.token_ids == d.token_ids for a, d in zip(ar_held, dif_held)) / len(held_out),
-                "token_agreement": sum(agreement(a.token_ids, d.token_ids) for a, d in zip(ar_held, dif_held)) / len(held_out),
-                "sanity_accuracy": sum(correct(f.committed_text, k) for f, (_, k) in zip(dif_sanity, SANITY_QUESTIONS)) / len(sanity),
-                "mean_reply_tokens": tokens / len(held_out),
-                "kept_by_offset": kept_by_offset(dif_held),
-            }
-            if not report["examples"]:
-                report["examples"] = [{"prompt": prompts[i], "autoregressive": ar_held[i].committed_text,
-                                       "diffusion": dif_held[i].committed_text} for i in range(5)]
-    engine.draft_chooser = chooser
+        with engine.head_drafts_only() if drafts == "head" else contextlib.nullcontext():
+            for threshold in [None if t == "exact" else float(t) for t in args.thresholds.split(",")]:
+                dif = run_all(engine, held_out + sanity, params("diffusion", threshold), args.concurrency)
+                dif_held, dif_sanity = dif[:len(held_out)], dif[len(held_out):]
+                label = f"{'exact' if threshold is None else threshold}, {drafts}"
+                report["by_threshold"][label] = diffusion_figures(ar_held, dif_held, dif_sanity)
+                if not report["examples"]:
+                    report["examples"] = [{"prompt": prompts[i], "autoregressive": ar_held[i].committed_text,
+                                           "diffusion": dif_held[i].committed_text} for i in range(5)]
     report["seconds"] = time.monotonic() - t0
     engine.close()
     print(json.dumps(report, indent=2))

@@ -2,7 +2,7 @@
 request's latest tokens elsewhere (SuffixDecoding, arXiv 2411.04975; prompt lookup decoding).
 
 A greedy target is deterministic: where its last few tokens match a stretch of its own earlier
-output, what followed there is a strong guess for what follows now. Two sources are searched:
+output, what followed there is a strong guess for what follows now. Three sources are searched:
 
 - the request's own prompt and reply (a reply that repeats the question, a list's pattern, an
   earlier turn of the conversation);
@@ -57,11 +57,10 @@ class Step:
 class Proposal:
     tokens: list[int]
     probs: list[float]  # running product: the chance that tokens[:j + 1] are all kept
-    match: int  # tokens of the request matched
     cells: list[tuple] = field(default_factory=list)  # each token's calibration cell
 
     def cut(self, count: int) -> "Proposal":
-        return Proposal(self.tokens[:count], self.probs[:count], self.match, self.cells[:count])
+        return Proposal(self.tokens[:count], self.probs[:count], self.cells[:count])
 
     def expected(self, count: int | None = None) -> float:
         """Expected drafts kept when the first `count` tokens are checked."""
@@ -123,17 +122,18 @@ class Calibration:
 
     def record(self, source: str, order: int, steps: Iterable[Step], truth: list[int]) -> None:
         """Count a walk's drafts against what the target said, up to the first wrong one."""
+        cells, kept = [], 0
         for j, step in zip(range(len(truth)), steps):
-            cell = self._cell(source, order + j, step)
-            self.trials[cell] += 1
+            cells.append(self._cell(source, order + j, step))
             if step.token != truth[j]:
-                return
-            self.hits[cell] += 1
+                break
+            kept += 1
+        self.observe(cells, kept)
 
     def proposal(self, source: str, order: int, steps: Iterable[Step], min_prob: float,
                  observed: "Calibration | None" = None) -> Proposal:
         """The walk's tokens while the chance that all so far are kept stays >= min_prob."""
-        proposal, running = Proposal([], [], order), 1.0
+        proposal, running = Proposal([], []), 1.0
         for j, step in enumerate(steps):
             running *= self.prob(source, order + j, step, observed)
             if running < min_prob:
@@ -288,6 +288,9 @@ def sort_suffixes(corpus: np.ndarray, depth: int) -> np.ndarray:
             return order
 
 
+_UNTRAINED = Calibration()  # no corpus, no table: every cell is its share-based guess (never written)
+
+
 @dataclass
 class DraftChooser:
     """Chooses, per step, what the next verify pass checks: the draft head's block, or the
@@ -315,7 +318,7 @@ class DraftChooser:
 
     @property
     def calibration(self) -> Calibration:
-        return self.corpus.calibration if self.corpus is not None else Calibration()
+        return self.corpus.calibration if self.corpus is not None else _UNTRAINED
 
     def verify_cost(self, drafts: int) -> float:
         if not self.verify_s:
