@@ -137,7 +137,7 @@ def main() -> None:
                 report["by_threshold"][label] = diffusion_figures(ar_held, dif_held, dif_sanity)
                 if not report["examples"]:
                     report["examples"] = [{"prompt": prompts[i], "autoregressive": ar_held[i].committed_text,
-                                           "diffusion": dif_held[i].committed_text} for i in range(5)]
+                                           "diffusion": dif_held[i].committed_text} for i in range(min(5, len(prompts)))]
     report["seconds"] = time.monotonic() - t0
     engine.close()
     print(json.dumps(report, indent=2))
