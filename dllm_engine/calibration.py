@@ -75,28 +75,33 @@ class StepTimes:
 
     verify: list[float]  # the verify pass, by rows it carries (as asked)
     context: float  # the head takes the verified rows' features (every step)
-    block: float  # the head drafts a block (spared where a continuation is checked instead)
+    blocks: list[float]  # the head drafts a block for each of n requests, by n (as asked)
 
 
-def draft_step_seconds(engine: "Engine", row_counts: list[int], context: int, repeats: int) -> StepTimes:
-    """Times a draft-head decoding step's parts for each count of verify rows: the fastest of
-    `repeats` rounds (after a warm-up)."""
+def draft_step_seconds(engine: "Engine", row_counts: list[int], batches: list[int], context: int,
+                       repeats: int) -> StepTimes:
+    """Times a draft-head decoding step's parts: the verify pass for each count of rows, and
+    the head's block pass for each count of requests; the fastest of `repeats` rounds (after a
+    warm-up)."""
     runner = engine._runner
     caches = [filled_cache(engine, context, rows) for rows in row_counts]
-    times = StepTimes([float("inf")] * len(row_counts), float("inf"), float("inf"))
+    spare = [filled_cache(engine, context, 1) for _ in range(max(batches) - len(caches))]
+    times = StepTimes([float("inf")] * len(row_counts), float("inf"), [float("inf")] * len(batches))
     for round_ in range(repeats + 1):
         for index, (rows, cache) in enumerate(zip(row_counts, caches)):
             plan = verify_plan(cache, context, rows)
             started = time.perf_counter()
             runner.run([plan], [(0.0, None)])
             verified = time.perf_counter()
-            runner.draft([([(plan.taps, context)], cache, None, None)])
-            taken = time.perf_counter()
-            runner.draft([([], cache, FIRST_TOKEN, context)])
+            runner.draft([([(plan.taps[:1], context)], cache, None, None)])
             if round_:
                 times.verify[index] = min(times.verify[index], verified - started)
-                times.context = min(times.context, taken - verified)
-                times.block = min(times.block, time.perf_counter() - taken)
+                times.context = min(times.context, time.perf_counter() - verified)
+        for index, count in enumerate(batches):
+            started = time.perf_counter()
+            runner.draft([([], cache, FIRST_TOKEN, context) for cache in (caches + spare)[:count]])
+            if round_:
+                times.blocks[index] = min(times.blocks[index], time.perf_counter() - started)
     return times
 
 

@@ -32,6 +32,7 @@ import torch
 from dllm_engine import calibration
 from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, make_policy
 from dllm_engine.decoding.factory import make_decoder
+from dllm_engine.decoding.step_costs import StepCosts
 from dllm_engine.decoding.suffix_drafts import DraftChooser, RecentReplies
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
 from dllm_engine.memory import release_free_memory
@@ -52,6 +53,10 @@ TRIM_EVERY_S = 5.0  # an idle engine hands freed memory back at most this often
 # cores (docs/benchmarks.md, "Chunked prefill"): larger chunks stall the batch longer and, their
 # attention rows costing more, do not even prefill faster
 PREFILL_CHUNK = 64
+# the larger passes choose_block times besides one request's (rows of a verify pass; requests
+# the head drafts for at once): what drafting costs when a batch's requests share a pass
+BATCH_ROWS = [16, 32, 64]
+BATCH_REQUESTS = [1, 2, 4, 8]
 
 
 class Engine:
@@ -265,26 +270,30 @@ class Engine:
         drafts for every k a step can check, and the head's step, then makes diffusion mode
         draft the head's k with the most tokens a second, by the head's held-out acceptance by
         offset (its metadata): rows cost more on some machines than on others. The continuation
-        drafts' chooser takes the same timings. Call it on an idle engine. Returns the table,
-        or None without a draft head."""
+        drafts' chooser takes the same timings, and those of larger passes (a batch's requests
+        share one pass, and the head drafts for them in one). Call it on an idle engine.
+        Returns the table, or None without a draft head."""
         head = self.loaded.draft_head
         kept = (self.loaded.draft_head_meta.get("held_out") or {}).get("by_offset")
         if head is None or not kept:
             return None
         most = max(head.spec.block_size - 1, self.draft_chooser.max_drafts if self.draft_chooser else 0)
-        rows = list(range(1, most + 2))
-        times = self._on_scheduler(lambda: calibration.draft_step_seconds(self, rows, context, repeats))
-        steps = [v + times.context + times.block for v in times.verify[1:head.spec.block_size]]
+        rows = list(range(1, most + 2)) + (BATCH_ROWS if self.draft_chooser else [])
+        batches = BATCH_REQUESTS if self.draft_chooser else [1]
+        times = self._on_scheduler(lambda: calibration.draft_step_seconds(self, rows, batches, context, repeats))
+        steps = [v + times.context + times.blocks[0] for v in times.verify[1:head.spec.block_size]]
         table = calibration.block_table(steps, kept)
         best = max(table, key=lambda row: row["tokens_per_s"])
         self.config.block_size = best["block"]
-        if self.draft_chooser is not None:  # a continuation's step: the verify pass and the context
-            self.draft_chooser.verify_s = [v + times.context for v in times.verify]
-            self.draft_chooser.head_s = times.block
+        if self.draft_chooser is not None:
+            self.draft_chooser.costs = StepCosts(list(zip(rows, times.verify)), times.context,
+                                                 list(zip(batches, times.blocks)), timed=True)
         log.info("diffusion drafts blocks of %d on this machine (%s)", best["block"],
                  ", ".join(f"{r['block']}: {r['tokens_per_s']} tokens/s" for r in table))
-        return {"chosen": best["block"], "blocks": table, "verify_ms": [round(1000 * v, 2) for v in times.verify],
-                "head_context_ms": round(1000 * times.context, 2), "head_block_ms": round(1000 * times.block, 2)}
+        return {"chosen": best["block"], "blocks": table,
+                "verify_ms": {n: round(1000 * v, 2) for n, v in zip(rows, times.verify)},
+                "head_context_ms": round(1000 * times.context, 2),
+                "head_block_ms": {n: round(1000 * b, 2) for n, b in zip(batches, times.blocks)}}
 
     def _on_scheduler(self, function):
         """function() between two steps of the scheduler thread (the runner is that thread's)."""
@@ -423,7 +432,10 @@ class Engine:
 
     def _draft(self, batch: list[LiveRequest]) -> None:
         """The draft head's step for the requests it drafts for, right after their target pass:
-        the next pass checks what it drafts (DraftHeadDecoder)."""
+        the next pass checks what it drafts (DraftHeadDecoder), chosen for a pass the size of
+        this one."""
+        if self.draft_chooser is not None:
+            self.draft_chooser.batch = max(1, len(batch))
         wanted = [(r, r.decoder.draft_request()) for r in batch
                   if isinstance(r.decoder, DraftHeadDecoder) and r in self.scheduler.live]
         wanted = [(r, ask) for r, ask in wanted if ask is not None]

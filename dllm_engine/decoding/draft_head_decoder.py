@@ -13,7 +13,8 @@ One step of a request:
    Where a continuation of the request's tokens from text the target wrote before promises
    more tokens a second (decoding/suffix_drafts.py, `DraftChooser`), the next pass checks that
    continuation instead (up to `chooser.max_drafts` tokens) and the head's block pass is spared;
-   the head still takes the verified rows' features, for the steps after.
+   where a pass's rows cost more than drafts keep (a large batch), it checks fewer of the head's
+   drafts or none. The head still takes the verified rows' features, for the steps after.
 
 The first step is the prompt's prefill, with no drafts. The reply equals greedy AR decoding
 token for token; the head only decides how many tokens a pass commits.
@@ -46,6 +47,7 @@ class DraftHeadDecoder(BlockCausalDecoder):
         self.continued_steps = 0  # steps whose drafts came from a continuation, not the head
         self._drafted_by: Proposal | str | None = None  # who drafted what the next pass checks
         self._checked = 0  # drafts the last pass checked
+        self._head_checks = self.head_drafts  # of the head's next block, the drafts to check
         # verified rows' features the head has not taken yet: (features, first position)
         self.contexts: list[tuple[Tensor, int]] = []
         self._pass_start = 0
@@ -100,18 +102,23 @@ class DraftHeadDecoder(BlockCausalDecoder):
         contexts, self.contexts = self.contexts, []
         if not (self.reply and len(self.block) >= 2):
             return contexts, None, None
+        self._head_checks = min(self.head_drafts, len(self.block) - 1)
         if self.chooser is not None:
-            continued = self.chooser.choose(self.prompt_ids + self.reply, min(self.head_drafts, len(self.block) - 1))
-            if continued is not None:
+            choice = self.chooser.choose(self.prompt_ids + self.reply, self._head_checks)
+            if isinstance(choice, Proposal):
                 self.continued_steps += 1
-                self._guess(continued.tokens)
-                self._drafted_by = continued
+                self._guess(choice.tokens)
+                self._drafted_by = choice
+                return contexts, None, None
+            self._head_checks = choice
+            if not choice:  # drafts do not pay now: the next pass is the exact token alone
                 return contexts, None, None
         return contexts, self.unwritten[-1], self.written
 
     def take_drafts(self, drafted: list[int]) -> None:
-        """The head's guesses for the next positions (the next pass checks them)."""
-        self._guess(drafted[:self.head_drafts])
+        """The head's guesses for the next positions (the next pass checks the first ones the
+        chooser asked for)."""
+        self._guess(drafted[:self._head_checks])
         self._drafted_by = "head"
 
     def _tell_chooser(self, kept: int) -> None:

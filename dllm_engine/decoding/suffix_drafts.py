@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dllm_engine.decoding.step_costs import StepCosts
+
 SEPARATOR = -1  # between the corpus's conversations: no match crosses it
 _STORED_SEPARATOR = 65535  # the separator in a saved corpus's uint16 tokens
 SAMPLE = 256  # positions a walk follows at most (an evenly spread sample of a larger match)
@@ -130,13 +132,17 @@ class Calibration:
             kept += 1
         self.observe(cells, kept)
 
-    def proposal(self, source: str, order: int, steps: Iterable[Step], min_prob: float,
+    def proposal(self, source: str, order: int, steps: Iterable[Step], min_prob: float | list[float],
                  observed: "Calibration | None" = None) -> Proposal:
-        """The walk's tokens while the chance that all so far are kept stays >= min_prob."""
+        """The walk's tokens while the chance that all so far are kept stays >= min_prob (for
+        the j-th token min_prob[j], where it is a list: the walk stops at its end)."""
+        floors = min_prob if isinstance(min_prob, list) else None
         proposal, running = Proposal([], []), 1.0
         for j, step in enumerate(steps):
+            if floors is not None and j >= len(floors):
+                break
             running *= self.prob(source, order + j, step, observed)
-            if running < min_prob:
+            if running < (floors[j] if floors is not None else min_prob):
                 break
             proposal.tokens.append(step.token)
             proposal.probs.append(running)
@@ -293,14 +299,14 @@ _UNTRAINED = Calibration()  # no corpus, no table: every cell is its share-based
 
 @dataclass
 class DraftChooser:
-    """Chooses, per step, what the next verify pass checks: the draft head's block, or the
-    likelier continuation (request history or corpus) cut where it stops paying.
+    """Chooses, per step, what the next verify pass checks: the likelier continuation (request
+    history or corpus) cut where it stops paying, the draft head's block or its first drafts,
+    or, where drafts cost more than they keep, nothing (the head's block pass is then spared).
 
     head_kept[j]: the head's held-out share of blocks whose first j + 1 drafts were all kept.
-    verify_s[r]: seconds of a verify pass over r + 1 rows (the exact token and r drafts), and
-    head_s the head's block pass, as timed on this machine (Engine.choose_block); the untimed
-    defaults say rows are free and the head costs a third of a pass. Both options cost the
-    verify pass; the head's also costs its own pass, which a continuation spares."""
+    costs: what a step costs on this machine by the rows and requests in its passes
+    (`StepCosts`, timed by Engine.choose_block); batch: how many requests the next pass
+    carries (the engine sets it each step), each assumed to check as many drafts."""
 
     corpus: ReplyCorpus | None
     head_kept: list[float]
@@ -308,8 +314,8 @@ class DraftChooser:
     min_prob: float = 0.05
     max_order: int = 32
     min_order: int = 1
-    verify_s: list[float] | None = None
-    head_s: float = 0.33
+    costs: StepCosts = field(default_factory=StepCosts)
+    batch: int = 1
     recent: RecentReplies = field(default_factory=RecentReplies)
     # what this engine's verify passes said: continuation drafts by cell, the head's by offset
     observed: Calibration = field(default_factory=Calibration)
@@ -321,9 +327,7 @@ class DraftChooser:
         return self.corpus.calibration if self.corpus is not None else _UNTRAINED
 
     def verify_cost(self, drafts: int) -> float:
-        if not self.verify_s:
-            return 1.0
-        return self.verify_s[min(drafts, len(self.verify_s) - 1)]
+        return self.costs.share(self.batch, drafts)
 
     def head_kept_now(self, offset: int) -> float:
         """P(the head's first offset + 1 drafts are all kept): held-out, pulled towards what this
@@ -333,10 +337,14 @@ class DraftChooser:
         held = self.head_held[offset] if offset < len(self.head_held) else 0
         return (held + OBSERVED_WEIGHT * prior) / (checked + OBSERVED_WEIGHT)
 
-    def head_rate(self, head_drafts: int) -> float:
-        """Expected tokens a second of a step that checks the head's `head_drafts` drafts."""
-        kept = sum(self.head_kept_now(j) for j in range(head_drafts))
-        return (1 + kept) / (self.verify_cost(head_drafts) + self.head_s)
+    def head_rate(self, head_drafts: int) -> tuple[float, int]:
+        """Expected tokens a second of a step that checks the head's first k drafts, for the best
+        k up to `head_drafts`, and that k."""
+        head = self.costs.head_share(self.batch)
+        rates = [(1 + sum(self.head_kept_now(j) for j in range(k))) / (self.verify_cost(k) + head)
+                 for k in range(1, head_drafts + 1)]
+        best = int(np.argmax(rates))
+        return rates[best], best + 1
 
     def observe_head(self, checked: int, kept: int) -> None:
         """A verify pass checked `checked` of the head's drafts and kept the first `kept`."""
@@ -361,23 +369,35 @@ class DraftChooser:
         return [(source, order, walk(array, starts, self.max_drafts))
                 for source, array, (starts, order) in found if order]
 
-    def propose(self, history: list[int]) -> Proposal | None:
-        """The continuation of the request's tokens with the most expected kept drafts, or None."""
+    def propose(self, history: list[int], floors: list[float] | None = None) -> Proposal | None:
+        """The continuation of the request's tokens with the most expected kept drafts, or None.
+        floors[j]: the least chance of the first j + 1 tokens all kept that is worth checking
+        (min_prob where not given)."""
         best = None
         for source, order, steps in self.walks(history):
-            proposal = self.calibration.proposal(source, order, steps, self.min_prob, self.observed)
+            proposal = self.calibration.proposal(source, order, steps, floors or self.min_prob, self.observed)
             if proposal.tokens and (best is None or proposal.expected() > best.expected()):
                 best = proposal
         return best
 
-    def choose(self, history: list[int], head_drafts: int) -> Proposal | None:
-        """The continuation to check instead of the head's drafts (cut to the length with the
-        most expected tokens a second), or None when the head's block is the better bet."""
-        proposal = self.propose(history)
+    def floors(self, rate: float) -> list[float]:
+        """Per draft j, the least chance of drafts 0..j all being kept for which checking draft j
+        can beat `rate` tokens a second: its row's cost times that rate. The walk stops below
+        it (in a large batch most walks stop at the first token); with costs that grow faster
+        the more rows a pass has, no later draft could pay either, so the cut is exact."""
+        costs = [self.verify_cost(n) for n in range(self.max_drafts + 1)]
+        return [max(self.min_prob, rate * (costs[j + 1] - costs[j])) for j in range(self.max_drafts)]
+
+    def choose(self, history: list[int], head_drafts: int) -> Proposal | int:
+        """What the next pass checks: a continuation (cut to the length with the most expected
+        tokens a second), or how many of the head's drafts (0: none, where the costs are timed
+        and a pass's rows are dearer than what drafts keep, e.g. in a large batch)."""
+        head_rate, head_checks = self.head_rate(head_drafts) if head_drafts else (0.0, 0)
+        if self.costs.timed and 1 / self.verify_cost(0) >= head_rate:
+            head_rate, head_checks = 1 / self.verify_cost(0), 0
+        proposal = self.propose(history, self.floors(head_rate))
         if proposal is None:
-            return None
+            return head_checks
         rates = [(1 + proposal.expected(n)) / self.verify_cost(n) for n in range(1, len(proposal.tokens) + 1)]
         best = int(np.argmax(rates))
-        if rates[best] <= self.head_rate(head_drafts):
-            return None
-        return proposal.cut(best + 1)
+        return proposal.cut(best + 1) if rates[best] > head_rate else head_checks

@@ -4,11 +4,13 @@ greedy AR reply token for token, in fewer passes the more of the drafts are righ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
+from dllm_engine.decoding.step_costs import StepCosts
 from dllm_engine.engine import Engine
 from dllm_engine.loading import load_model
 from dllm_engine.loading.registry import attach_draft_head
@@ -135,6 +137,28 @@ def test_right_drafts_commit_several_tokens_a_pass_and_keep_the_reply_exact(tiny
         engine.close()
 
 
+def test_a_batch_whose_rows_are_dear_checks_no_drafts_and_keeps_the_reply_exact(tiny_gguf, tmp_path):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    loaded.draft_head_meta["held_out"] = {"by_offset": [0.9, 0.8, 0.7]}
+    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
+                    recent_replies=0)
+    try:
+        params = GenerationParams(mode="diffusion", max_new_tokens=24, stop_at_eos=False)
+        ar = engine.generate(PROMPTS[0], dataclasses.replace(params, mode="autoregressive")).token_ids
+        engine._runner.draft = _oracle(engine, {tuple(engine.prompt_ids(PROMPTS[0], raw=False)): ar}, BLOCK - 1)
+        # a machine where 4 rows cost what one does and every row past them as much again
+        engine.draft_chooser.costs = StepCosts([(1, 1.0), (4, 1.0), (64, 61.0)], 0.0, [(1, 0.01)], timed=True)
+        alone = engine.generate(PROMPTS[0], params)
+        assert alone.token_ids == ar and alone.stats.forward_passes < 12
+        with engine._lock:  # the four arrive together: every pass carries all four
+            handles = [engine.submit(PROMPTS[0], params) for _ in range(4)]
+        for result in [handle.result() for handle in handles]:
+            assert result.token_ids == ar
+            assert result.stats.forward_passes == 24  # the prefill's token, then one a pass
+    finally:
+        engine.close()
+
+
 def test_the_fused_head_drafts_what_the_torch_head_drafts(tiny_gguf, tmp_path):
     if cpu.available() is not None:
         pytest.skip(f"CPU kernels unavailable: {cpu.available()}")
@@ -197,10 +221,12 @@ def test_choose_block_times_each_block_and_decodes_with_the_best(tiny_gguf, tmp_
         assert choice["chosen"] == best["block"] == engine.config.block_size
         # the verify pass timed for every count of drafts a continuation may have (1..7), and
         # the continuation chooser weighs its drafts by those timings
-        assert len(choice["verify_ms"]) == engine.draft_chooser.max_drafts + 1
-        assert choice["head_context_ms"] > 0 and choice["head_block_ms"] > 0
-        assert len(engine.draft_chooser.verify_s) == 8
-        assert engine.draft_chooser.head_s == pytest.approx(choice["head_block_ms"] / 1000, abs=1e-5)
+        # and larger passes' (a batch's requests share one), the head's by the requests it drafts for
+        assert list(choice["verify_ms"]) == list(range(1, engine.draft_chooser.max_drafts + 2)) + [16, 32, 64]
+        assert choice["head_context_ms"] > 0 and list(choice["head_block_ms"]) == [1, 2, 4, 8]
+        costs = engine.draft_chooser.costs
+        assert costs.timed and [rows for rows, _ in costs.verify] == list(choice["verify_ms"])
+        assert costs.head[0][1] == pytest.approx(choice["head_block_ms"][1] / 1000, abs=1e-5)
         ar = engine.generate("Hello there!", GenerationParams(mode="autoregressive", max_new_tokens=12))
         assert engine.generate("Hello there!", GenerationParams(mode="diffusion", max_new_tokens=12)).token_ids == ar.token_ids
     finally:

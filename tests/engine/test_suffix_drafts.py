@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from dllm_engine.decoding.step_costs import StepCosts
 from dllm_engine.decoding.suffix_drafts import (SEPARATOR, Calibration, DraftChooser, RecentReplies, ReplyCorpus,
                                                Step, history_matches, walk)
 from dllm_engine.engine import Engine
@@ -107,23 +108,51 @@ def test_the_chooser_drafts_a_continuation_only_where_it_beats_the_head_per_seco
     free_rows = DraftChooser(corpus, head_kept=[0.5, 0.2, 0.1], max_drafts=5)
     assert free_rows.choose(history, 3).tokens == [4, 5, 6, 7, 8]  # 5 of 6 go on the same way
     # rows that cost much more than the first: only the drafts that pay for their row
-    dear_rows = DraftChooser(corpus, [0.5, 0.2, 0.1], max_drafts=5, verify_s=[1, 1.1, 3, 5, 7, 9], head_s=0.1)
+    dear_rows = DraftChooser(corpus, [0.5, 0.2, 0.1], max_drafts=5,
+                             costs=StepCosts.one_request([1, 1.1, 3, 5, 7, 9], head=0.1))
     assert dear_rows.choose(history, 3).tokens == [4]
     # a head that keeps nearly everything wins over an uncertain continuation
     sure_head = DraftChooser(ReplyCorpus.build([[1, 2, 3, 4]] * 2 + [[1, 2, 3, 5]] * 2, depth=8),
-                             [0.99, 0.98, 0.97], max_drafts=5, head_s=0.0)
-    assert sure_head.choose(history, 3) is None
-    assert free_rows.choose([30, 31], 3) is None  # nothing matches
+                             [0.99, 0.98, 0.97], max_drafts=5, costs=StepCosts(head=[(1, 0.0)]))
+    assert sure_head.choose(history, 3) == 3  # all three of the head's drafts
+    assert free_rows.choose([30, 31], 3) == 3  # nothing matches: the head's block
+
+
+def test_step_costs_share_a_batch_pass_between_its_requests():
+    costs = StepCosts([(1, 8.0), (8, 11.0), (16, 18.0), (64, 87.0)], 0.5, [(1, 1.0), (8, 4.0)], timed=True)
+    assert costs.share(1, 0) == pytest.approx(8.5)
+    assert costs.share(1, 3) == pytest.approx(8 + 3 * 3 / 7 + 0.5)  # 4 rows: between the timed 1 and 8
+    assert costs.share(8, 0) == pytest.approx(11 / 8 + 0.5)
+    assert costs.share(8, 7) == pytest.approx(87 / 8 + 0.5)
+    assert costs.share(16, 7) == pytest.approx((87 + 64 * 69 / 48) / 16 + 0.5)  # past the last: its slope
+    assert costs.head_share(8) == pytest.approx(0.5) and costs.head_share(4) == pytest.approx((1 + 9 / 7) / 4)
+    assert StepCosts().share(8, 3) == pytest.approx(1 / 8)  # untimed: rows are free
+
+
+def test_the_chooser_drafts_less_as_the_batch_grows():
+    # this machine's shape: up to 8 rows cost little more than one, 32 rows four times as much
+    costs = StepCosts([(1, 7.6), (2, 8.2), (4, 8.7), (8, 11.0), (16, 18.0), (32, 43.9), (64, 86.6)], 0.5,
+                      [(1, 1.5), (2, 1.8), (4, 2.4), (8, 3.6)], timed=True)
+    chooser = DraftChooser(None, head_kept=[0.45, 0.25, 0.12], costs=costs)
+    counts = {}
+    for batch in (1, 2, 4, 8):
+        chooser.batch = batch
+        counts[batch] = chooser.choose([5, 6, 7], 3)
+    assert counts[1] == 3 and counts[8] == 0  # alone: the whole block; eight requests: none
+    assert counts[1] >= counts[2] >= counts[4] >= counts[8]
+    # untimed costs never stop the head: they are a guess, not this machine's figures
+    untimed = DraftChooser(None, head_kept=[0.05, 0.0, 0.0], batch=8)
+    assert untimed.choose([5, 6, 7], 3) > 0
 
 
 def test_the_chooser_learns_from_what_the_verify_passes_kept():
     corpus = ReplyCorpus.build([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 5, depth=16)
-    chooser = DraftChooser(corpus, head_kept=[0.3, 0.1, 0.0], max_drafts=5, head_s=0.0)
+    chooser = DraftChooser(corpus, head_kept=[0.3, 0.1, 0.0], max_drafts=5, costs=StepCosts(head=[(1, 0.0)]))
     proposal = chooser.choose([20, 1, 2, 3], 3)
     assert proposal is not None
     for _ in range(200):  # here the corpus's continuations always fail at once
         chooser.observe_continuation(proposal, kept=0)
-    assert chooser.choose([20, 1, 2, 3], 3) is None
+    assert chooser.choose([20, 1, 2, 3], 3) == 2  # the head's drafts (its third keeps nothing)
     assert chooser.head_kept_now(0) == pytest.approx(0.3)
     for _ in range(48):  # and the head keeps everything it drafts
         chooser.observe_head(checked=3, kept=3)
