@@ -11,6 +11,7 @@ import logging
 import math
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -28,6 +29,13 @@ WINDOW_STEP_FRAMES = 500
 NO_SPEECH_THRESHOLD = 0.6  # above this (and a low log-probability), the window is silence
 SILENT_LOG_PROB = -1.0  # faster-whisper's pair: no_speech_prob > 0.6 and avg log-prob < -1.0
 FALLBACK_TEMPERATURES = (0.4, 0.8)  # a final decode that looks failed is retried at these
+MAX_PARTIAL_BATCH = 8  # open turns decoded in one call (4 in one measured 1.27x faster than 4 calls)
+
+
+def window_frames(frames: int) -> int:
+    """The encoder window for an utterance of `frames` mel frames: just long enough, in steps."""
+    window = -(-(frames + 100) // WINDOW_STEP_FRAMES) * WINDOW_STEP_FRAMES
+    return min(FULL_WINDOW_FRAMES, max(MIN_WINDOW_FRAMES, window))
 
 
 def best_attempt(attempts: list[tuple[str, float | None]]) -> str:
@@ -68,10 +76,12 @@ class Transcriber:
         self._workers = workers
         self._lock = threading.Lock()
         self._queued = 0
+        self._waiting: list[tuple[np.ndarray, Future, float]] = []  # partials no worker has taken yet
 
     @property
     def live_jobs(self) -> int:
-        """Decodes queued or running, for /healthz and /metrics (0 once every session is gone)."""
+        """Decode jobs queued or running (the partials decoded together are one), for /healthz and
+        /metrics (0 once every session is gone)."""
         return self._pool.live_jobs
 
     @property
@@ -89,16 +99,40 @@ class Transcriber:
             return ""
         if frames > FULL_WINDOW_FRAMES - 200:
             return collapse_repetitions(self._transcribe_long(audio_16k))
-        attempts = [self._decode_window(features, frames, self.final_beam if final else 1)]
+        attempts = [self._decode_window(features, self.final_beam if final else 1)]
         for temperature in FALLBACK_TEMPERATURES if final else ():
             if not looks_failed(*attempts[-1]):
                 break
-            attempts.append(self._decode_window(features, frames, 1, temperature))
+            attempts.append(self._decode_window(features, 1, temperature))
         return collapse_repetitions(best_attempt(attempts))
 
-    def _decode_window(self, features: np.ndarray, frames: int, beam: int = 1,
-                       temperature: float = 0.0) -> tuple[str, float | None]:
-        """One greedy decode of a window just long enough for the utterance.
+    def transcribe_partials(self, audios: list[np.ndarray]) -> list[str]:
+        """Greedy transcripts of several utterances (open turns of different sessions): those
+        whose encoder windows are the same length go through Whisper in one call, which costs
+        less than one call each (the same words: each is decoded in the window it would get
+        alone)."""
+        texts = [""] * len(audios)
+        by_window: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for index, audio in enumerate(audios):
+            features = self._model.feature_extractor(audio)
+            frames = features.shape[-1]
+            if frames > FULL_WINDOW_FRAMES - 200:
+                texts[index] = collapse_repetitions(self._transcribe_long(audio))
+            elif frames >= 10:
+                by_window.setdefault(window_frames(frames), []).append((index, features))
+        for group in by_window.values():
+            decoded = self._decode_windows([features for _, features in group])
+            for (index, _), (text, _log_prob) in zip(group, decoded):
+                texts[index] = collapse_repetitions(text)
+        return texts
+
+    def _decode_window(self, features: np.ndarray, beam: int = 1, temperature: float = 0.0) -> tuple[str, float | None]:
+        return self._decode_windows([features], beam, temperature)[0]
+
+    def _decode_windows(self, features: list[np.ndarray], beam: int = 1,
+                        temperature: float = 0.0) -> list[tuple[str, float | None]]:
+        """(text, average log-probability) of each utterance, decoded in one call in a window
+        just long enough for the longest (all of them: the same window, as grouped by the caller).
 
         Not `WhisperModel.transcribe`: it pads every segment to Whisper's 30 s window
         (`pad_or_trim`), which costs a short turn several times the encoder time, and it judges
@@ -110,22 +144,24 @@ class Transcriber:
         """
         import ctranslate2
 
-        window = -(-(frames + 100) // WINDOW_STEP_FRAMES) * WINDOW_STEP_FRAMES
-        window = min(FULL_WINDOW_FRAMES, max(MIN_WINDOW_FRAMES, window))
-        padded = np.zeros((1, features.shape[0], window), dtype=np.float32)
-        padded[0, :, :frames] = features[:, :frames]
-        seconds = frames / 100.0
+        longest = max(f.shape[-1] for f in features)
+        padded = np.zeros((len(features), features[0].shape[0], window_frames(longest)), dtype=np.float32)
+        for row, f in enumerate(features):
+            padded[row, :, :f.shape[-1]] = f
         sampling = {"sampling_temperature": temperature, "sampling_topk": 0} if temperature > 0 else {}
-        result = self._model.model.generate(
-            ctranslate2.StorageView.from_array(padded), [self._prompt], beam_size=beam,
-            max_length=int(16 + 8 * seconds), return_no_speech_prob=True, return_scores=True, **sampling,
-        )[0]
-        tokens = result.sequences_ids[0]
-        # ctranslate2's score: the sequence's log-probability normalised by its length
-        log_prob = float(result.scores[0]) if result.scores else None
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD and (log_prob is None or log_prob < SILENT_LOG_PROB):
-            return "", log_prob
-        return self._tokenizer.decode(tokens).strip(), log_prob
+        results = self._model.model.generate(
+            ctranslate2.StorageView.from_array(padded), [self._prompt] * len(features), beam_size=beam,
+            max_length=int(16 + 8 * longest / 100.0), return_no_speech_prob=True, return_scores=True, **sampling,
+        )
+        decoded = []
+        for result in results:
+            # ctranslate2's score: the sequence's log-probability normalised by its length
+            log_prob = float(result.scores[0]) if result.scores else None
+            if result.no_speech_prob > NO_SPEECH_THRESHOLD and (log_prob is None or log_prob < SILENT_LOG_PROB):
+                decoded.append(("", log_prob))
+            else:
+                decoded.append((self._tokenizer.decode(result.sequences_ids[0]).strip(), log_prob))
+        return decoded
 
     def _transcribe_long(self, audio_16k: np.ndarray) -> str:
         segments, _info = self._model.transcribe(
@@ -136,20 +172,51 @@ class Transcriber:
 
     async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
         """final: a turn's closing transcript, which someone waits on: it goes before every
-        queued partial (of any session)."""
+        queued partial (of any session). Partials that wait for a worker together are decoded
+        together (`transcribe_partials`)."""
         with self._lock:
             self._queued += 1
         try:
             queued_at = time.monotonic()
+            if not final:
+                return await asyncio.wrap_future(self._queue_partial(audio_16k, queued_at))
 
             def job() -> str:
-                log.debug("asr queue wait %.0f ms (%s)", (time.monotonic() - queued_at) * 1000,
-                          "final" if final else "partial")
+                log.debug("asr queue wait %.0f ms (final)", (time.monotonic() - queued_at) * 1000)
                 return self.transcribe_blocking(audio_16k, final)
-            return await asyncio.wrap_future(self._pool.submit(0.0 if final else 1.0, job))
+            return await asyncio.wrap_future(self._pool.submit(0.0, job))
         finally:
             with self._lock:
                 self._queued -= 1
+
+    def _queue_partial(self, audio_16k: np.ndarray, queued_at: float) -> Future:
+        """The partial joins those waiting; the first to wait sends the job that takes them all."""
+        future: Future = Future()
+        with self._lock:
+            self._waiting.append((audio_16k, future, queued_at))
+            first = len(self._waiting) == 1
+        if first:
+            self._pool.submit(1.0, self._decode_waiting)
+        return future
+
+    def _decode_waiting(self) -> None:
+        with self._lock:
+            batch, self._waiting = self._waiting[:MAX_PARTIAL_BATCH], self._waiting[MAX_PARTIAL_BATCH:]
+            more = bool(self._waiting)
+        if more:  # those past the batch's limit: the next job
+            self._pool.submit(1.0, self._decode_waiting)
+        batch = [item for item in batch if item[1].set_running_or_notify_cancel()]
+        if not batch:
+            return
+        log.debug("asr queue wait %.0f ms (%d partials)", (time.monotonic() - batch[0][2]) * 1000, len(batch))
+        try:
+            texts = self.transcribe_partials([audio for audio, _, _ in batch])
+        except BaseException as exc:  # every waiter hears it; the worker goes on
+            for _, future, _ in batch:
+                future.set_exception(exc)
+            return
+        for (_, future, _), text in zip(batch, texts):
+            future.set_result(text)
 
     def close(self) -> None:
         self._pool.shutdown()
