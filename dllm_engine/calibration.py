@@ -73,33 +73,34 @@ def verify_plan(cache: KVCache, context: int, rows: int) -> StepPlan:
 class StepTimes:
     """A draft-head decoding step's parts, in seconds, each the fastest of its rounds."""
 
-    verify: list[float]  # the verify pass, by rows it carries (as asked)
+    verify: list[float]  # the verify pass, by shape (requests, rows each) as asked
     context: float  # the head takes the verified rows' features (every step)
     blocks: list[float]  # the head drafts a block for each of n requests, by n (as asked)
 
 
-def draft_step_seconds(engine: "Engine", row_counts: list[int], batches: list[int], context: int,
+def draft_step_seconds(engine: "Engine", shapes: list[tuple[int, int]], batches: list[int], context: int,
                        repeats: int) -> StepTimes:
-    """Times a draft-head decoding step's parts: the verify pass for each count of rows, and
-    the head's block pass for each count of requests; the fastest of `repeats` rounds (after a
-    warm-up)."""
+    """Times a draft-head decoding step's parts: the verify pass of each shape (that many
+    requests, each with that many rows), and the head's block pass for each count of requests;
+    the fastest of `repeats` rounds (after a warm-up)."""
     runner = engine._runner
-    caches = [filled_cache(engine, context, rows) for rows in row_counts]
-    spare = [filled_cache(engine, context, 1) for _ in range(max(batches) - len(caches))]
-    times = StepTimes([float("inf")] * len(row_counts), float("inf"), [float("inf")] * len(batches))
+    most_rows = max(rows for _, rows in shapes)
+    caches = [filled_cache(engine, context, most_rows) for _ in range(max(max(n for n, _ in shapes), max(batches)))]
+    times = StepTimes([float("inf")] * len(shapes), float("inf"), [float("inf")] * len(batches))
     for round_ in range(repeats + 1):
-        for index, (rows, cache) in enumerate(zip(row_counts, caches)):
-            plan = verify_plan(cache, context, rows)
+        for index, (requests, rows) in enumerate(shapes):
+            plans = [verify_plan(cache, context, rows) for cache in caches[:requests]]
             started = time.perf_counter()
-            runner.run([plan], [(0.0, None)])
-            verified = time.perf_counter()
-            runner.draft([([(plan.taps[:1], context)], cache, None, None)])
+            runner.run(plans, [(0.0, None)] * requests)
             if round_:
-                times.verify[index] = min(times.verify[index], verified - started)
-                times.context = min(times.context, time.perf_counter() - verified)
+                times.verify[index] = min(times.verify[index], time.perf_counter() - started)
+        started = time.perf_counter()
+        runner.draft([([(plans[0].taps[:1], context)], caches[0], None, None)])
+        if round_:
+            times.context = min(times.context, time.perf_counter() - started)
         for index, count in enumerate(batches):
             started = time.perf_counter()
-            runner.draft([([], cache, FIRST_TOKEN, context) for cache in (caches + spare)[:count]])
+            runner.draft([([], cache, FIRST_TOKEN, context) for cache in caches[:count]])
             if round_:
                 times.blocks[index] = min(times.blocks[index], time.perf_counter() - started)
     return times

@@ -27,13 +27,13 @@ def interpolate(points: list[tuple[int, float]], x: int) -> float:
 
 @dataclass
 class StepCosts:
-    """verify: seconds of a verify pass by the rows it carries (the exact tokens and drafts of
-    every request in it); context: the head taking one request's verified rows (every step
-    pays it, drafts or not); head: seconds of the head's block pass by the requests it drafts
-    for. `timed` is False for the defaults, which only say rows are free and the head's pass
-    costs a third of a verify pass (Engine.choose_block times them)."""
+    """verify[b]: seconds of a verify pass of b requests by the rows each carries (its exact token
+    and drafts), for the batch sizes timed; context: the head taking one request's verified rows
+    (every step pays it, drafts or not); head: seconds of the head's block pass by the requests
+    it drafts for. `timed` is False for the defaults, which only say rows are free and the
+    head's pass costs a third of a verify pass (Engine.choose_block times them)."""
 
-    verify: list[tuple[int, float]] = field(default_factory=lambda: [(1, 1.0)])
+    verify: dict[int, list[tuple[int, float]]] = field(default_factory=lambda: {1: [(1, 1.0)]})
     context: float = 0.0
     head: list[tuple[int, float]] = field(default_factory=lambda: [(1, 0.33)])
     timed: bool = False
@@ -42,16 +42,55 @@ class StepCosts:
     @classmethod
     def one_request(cls, verify_by_drafts: list[float], head: float, context: float = 0.0) -> "StepCosts":
         """Costs from one request's timings: verify_by_drafts[k] for the exact token and k drafts."""
-        return cls([(drafts + 1, s) for drafts, s in enumerate(verify_by_drafts)], context, [(1, head)], timed=True)
+        return cls({1: [(drafts + 1, s) for drafts, s in enumerate(verify_by_drafts)]}, context, [(1, head)], timed=True)
 
     def share(self, batch: int, drafts: int) -> float:
         """One request's part of its step's verify pass when each of the `batch` requests in the
-        pass checks `drafts` drafts, and its context for the head."""
+        pass checks `drafts` drafts, and its context for the head: between the batch sizes
+        timed, interpolated; past the largest, that size's part (a pass that large is bound by
+        its arithmetic, a row costs the same whoever it belongs to)."""
         key = (batch, drafts)
         if key not in self._shares:
-            self._shares[key] = interpolate(self.verify, batch * (1 + drafts)) / batch + self.context
+            sizes = sorted(self.verify)
+            parts = [(size, interpolate(self.verify[size], 1 + drafts) / size) for size in sizes]
+            self._shares[key] = interpolate(parts, min(max(batch, sizes[0]), sizes[-1])) + self.context
         return self._shares[key]
 
     def head_share(self, batch: int) -> float:
         """One request's part of the head's block pass that drafts for `batch` requests."""
         return interpolate(self.head, batch) / batch
+
+
+LOOK_EVERY = 8  # where looking does not pay, one step in this many still looks (the odds move)
+SMOOTHING = 0.05  # weight of each new look in the running averages
+
+
+@dataclass
+class SearchValue:
+    """Whether looking for a continuation pays for the looking, by batch size. The search is
+    Python over the request's tokens and the corpus (0.2-0.5 ms a request a step), paid by every
+    request every step; in a large batch a continuation seldom beats checking no drafts by much
+    (measured with eight requests: the search cost 12 % of the step and bought nothing). Each
+    look's cost and what it saved (the seconds the next best option needs for as many expected
+    tokens, less the continuation's own; 0 where it lost) are averaged per batch size; where the
+    saving is below the cost, one step in LOOK_EVERY still looks."""
+
+    spent: dict[int, float] = field(default_factory=dict)
+    saved: dict[int, float] = field(default_factory=dict)
+    passed: dict[int, int] = field(default_factory=dict)  # looks skipped since the last one
+
+    def worth_looking(self, batch: int) -> bool:
+        if batch not in self.spent or self.saved[batch] >= self.spent[batch]:
+            return True
+        self.passed[batch] = self.passed.get(batch, 0) + 1
+        if self.passed[batch] < LOOK_EVERY:
+            return False
+        self.passed[batch] = 0
+        return True
+
+    def record(self, batch: int, spent: float, saved: float) -> None:
+        if batch not in self.spent:
+            self.spent[batch], self.saved[batch] = spent, saved
+            return
+        self.spent[batch] += SMOOTHING * (spent - self.spent[batch])
+        self.saved[batch] += SMOOTHING * (saved - self.saved[batch])

@@ -26,13 +26,14 @@ towards what this engine's own requests show.
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from dllm_engine.decoding.step_costs import StepCosts
+from dllm_engine.decoding.step_costs import SearchValue, StepCosts
 
 SEPARATOR = -1  # between the corpus's conversations: no match crosses it
 _STORED_SEPARATOR = 65535  # the separator in a saved corpus's uint16 tokens
@@ -316,6 +317,7 @@ class DraftChooser:
     min_order: int = 1
     costs: StepCosts = field(default_factory=StepCosts)
     batch: int = 1
+    search: SearchValue = field(default_factory=SearchValue)  # whether looking pays, by batch
     recent: RecentReplies = field(default_factory=RecentReplies)
     # what this engine's verify passes said: continuation drafts by cell, the head's by offset
     observed: Calibration = field(default_factory=Calibration)
@@ -391,13 +393,22 @@ class DraftChooser:
     def choose(self, history: list[int], head_drafts: int) -> Proposal | int:
         """What the next pass checks: a continuation (cut to the length with the most expected
         tokens a second), or how many of the head's drafts (0: none, where the costs are timed
-        and a pass's rows are dearer than what drafts keep, e.g. in a large batch)."""
+        and a pass's rows are dearer than what drafts keep, e.g. in a large batch). Where the
+        search for a continuation has not been paying for its own time at this batch size, most
+        steps skip it (`SearchValue`)."""
         head_rate, head_checks = self.head_rate(head_drafts) if head_drafts else (0.0, 0)
         if self.costs.timed and 1 / self.verify_cost(0) >= head_rate:
             head_rate, head_checks = 1 / self.verify_cost(0), 0
-        proposal = self.propose(history, self.floors(head_rate))
-        if proposal is None:
+        if not self.search.worth_looking(self.batch):
             return head_checks
-        rates = [(1 + proposal.expected(n)) / self.verify_cost(n) for n in range(1, len(proposal.tokens) + 1)]
-        best = int(np.argmax(rates))
-        return proposal.cut(best + 1) if rates[best] > head_rate else head_checks
+        started = time.perf_counter()
+        proposal = self.propose(history, self.floors(head_rate))
+        choice, saved = head_checks, 0.0
+        if proposal is not None:
+            rates = [(1 + proposal.expected(n)) / self.verify_cost(n) for n in range(1, len(proposal.tokens) + 1)]
+            best = int(np.argmax(rates))
+            if rates[best] > head_rate:
+                choice = proposal.cut(best + 1)
+                saved = (1 + choice.expected()) / max(head_rate, 1e-9) - self.verify_cost(best + 1)
+        self.search.record(self.batch, time.perf_counter() - started, saved)
+        return choice

@@ -147,7 +147,8 @@ def test_a_batch_whose_rows_are_dear_checks_no_drafts_and_keeps_the_reply_exact(
         ar = engine.generate(PROMPTS[0], dataclasses.replace(params, mode="autoregressive")).token_ids
         engine._runner.draft = _oracle(engine, {tuple(engine.prompt_ids(PROMPTS[0], raw=False)): ar}, BLOCK - 1)
         # a machine where 4 rows cost what one does and every row past them as much again
-        engine.draft_chooser.costs = StepCosts([(1, 1.0), (4, 1.0), (64, 61.0)], 0.0, [(1, 0.01)], timed=True)
+        engine.draft_chooser.costs = StepCosts({1: [(1, 1.0), (4, 1.0)], 4: [(1, 1.0), (2, 5.0), (4, 13.0)]}, 0.0,
+                                               [(1, 0.01)], timed=True)
         alone = engine.generate(PROMPTS[0], params)
         assert alone.token_ids == ar and alone.stats.forward_passes < 12
         with engine._lock:  # the four arrive together: every pass carries all four
@@ -222,10 +223,13 @@ def test_choose_block_times_each_block_and_decodes_with_the_best(tiny_gguf, tmp_
         # the verify pass timed for every count of drafts a continuation may have (1..7), and
         # the continuation chooser weighs its drafts by those timings
         # and larger passes' (a batch's requests share one), the head's by the requests it drafts for
-        assert list(choice["verify_ms"]) == list(range(1, engine.draft_chooser.max_drafts + 2)) + [16, 32, 64]
+        one = [f"1x{rows}" for rows in range(1, engine.draft_chooser.max_drafts + 2)]
+        batches = [f"{n}x{rows}" for n in (2, 4, 8) for rows in (1, 2, 4, 8)]
+        assert list(choice["verify_ms"]) == one + batches
         assert choice["head_context_ms"] > 0 and list(choice["head_block_ms"]) == [1, 2, 4, 8]
         costs = engine.draft_chooser.costs
-        assert costs.timed and [rows for rows, _ in costs.verify] == list(choice["verify_ms"])
+        assert costs.timed and sorted(costs.verify) == [1, 2, 4, 8] and len(costs.verify[1]) == len(one)
+        assert costs.verify[8][0][1] == pytest.approx(choice["verify_ms"]["8x1"] / 1000, abs=1e-5)
         assert costs.head[0][1] == pytest.approx(choice["head_block_ms"][1] / 1000, abs=1e-5)
         ar = engine.generate("Hello there!", GenerationParams(mode="autoregressive", max_new_tokens=12))
         assert engine.generate("Hello there!", GenerationParams(mode="diffusion", max_new_tokens=12)).token_ids == ar.token_ids

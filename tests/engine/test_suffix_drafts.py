@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_engine.decoding.step_costs import StepCosts
+from dllm_engine.decoding.step_costs import LOOK_EVERY, SearchValue, StepCosts
 from dllm_engine.decoding.suffix_drafts import (SEPARATOR, Calibration, DraftChooser, RecentReplies, ReplyCorpus,
                                                Step, history_matches, walk)
 from dllm_engine.engine import Engine
@@ -119,20 +119,23 @@ def test_the_chooser_drafts_a_continuation_only_where_it_beats_the_head_per_seco
 
 
 def test_step_costs_share_a_batch_pass_between_its_requests():
-    costs = StepCosts([(1, 8.0), (8, 11.0), (16, 18.0), (64, 87.0)], 0.5, [(1, 1.0), (8, 4.0)], timed=True)
+    costs = StepCosts({1: [(1, 8.0), (8, 11.0)], 8: [(1, 12.0), (2, 20.0), (8, 88.0)]}, 0.5, [(1, 1.0), (8, 4.0)],
+                      timed=True)
     assert costs.share(1, 0) == pytest.approx(8.5)
     assert costs.share(1, 3) == pytest.approx(8 + 3 * 3 / 7 + 0.5)  # 4 rows: between the timed 1 and 8
-    assert costs.share(8, 0) == pytest.approx(11 / 8 + 0.5)
-    assert costs.share(8, 7) == pytest.approx(87 / 8 + 0.5)
-    assert costs.share(16, 7) == pytest.approx((87 + 64 * 69 / 48) / 16 + 0.5)  # past the last: its slope
+    assert costs.share(8, 0) == pytest.approx(12 / 8 + 0.5)
+    assert costs.share(8, 1) == pytest.approx(20 / 8 + 0.5)
+    assert costs.share(4, 0) == pytest.approx(8 + (1.5 - 8) * 3 / 7 + 0.5)  # between the batch sizes timed
+    assert costs.share(16, 7) == pytest.approx(88 / 8 + 0.5)  # past the largest: its share
     assert costs.head_share(8) == pytest.approx(0.5) and costs.head_share(4) == pytest.approx((1 + 9 / 7) / 4)
-    assert StepCosts().share(8, 3) == pytest.approx(1 / 8)  # untimed: rows are free
+    assert StepCosts().share(8, 3) == pytest.approx(1.0)  # untimed: rows are free
 
 
 def test_the_chooser_drafts_less_as_the_batch_grows():
     # this machine's shape: up to 8 rows cost little more than one, 32 rows four times as much
-    costs = StepCosts([(1, 7.6), (2, 8.2), (4, 8.7), (8, 11.0), (16, 18.0), (32, 43.9), (64, 86.6)], 0.5,
-                      [(1, 1.5), (2, 1.8), (4, 2.4), (8, 3.6)], timed=True)
+    curve = [(1, 7.6), (2, 8.2), (4, 8.7), (8, 11.0), (16, 18.0), (32, 43.9), (64, 86.6)]  # by rows in the pass
+    costs = StepCosts({batch: [(each, seconds) for rows, seconds in curve if (each := rows // batch) >= 1]
+                       for batch in (1, 2, 4, 8)}, 0.5, [(1, 1.5), (2, 1.8), (4, 2.4), (8, 3.6)], timed=True)
     chooser = DraftChooser(None, head_kept=[0.45, 0.25, 0.12], costs=costs)
     counts = {}
     for batch in (1, 2, 4, 8):
@@ -208,3 +211,29 @@ def test_a_reply_asked_for_again_is_drafted_from_the_recent_one(tiny_gguf, tmp_p
         assert again.token_ids == first.token_ids
         passes[recent] = again.stats.forward_passes
     assert passes[8] <= 6 < passes[0]  # 24 tokens: the prefill, then up to 8 a pass
+
+
+def test_a_search_that_does_not_pay_for_its_time_is_made_one_step_in_eight():
+    value = SearchValue()
+    assert value.worth_looking(8)  # nothing known: look
+    value.record(8, spent=0.0004, saved=0.0)
+    looks = [value.worth_looking(8) for _ in range(16)]
+    assert looks.count(True) == 2 and looks[LOOK_EVERY - 1] and looks[2 * LOOK_EVERY - 1]
+    assert value.worth_looking(1)  # each batch size on its own figures
+    value.record(1, spent=0.0004, saved=0.002)
+    assert all(value.worth_looking(1) for _ in range(16))
+    for _ in range(200):  # the odds moved: continuations pay again in a batch of eight
+        value.record(8, spent=0.0004, saved=0.001)
+    assert all(value.worth_looking(8) for _ in range(16))
+
+
+def test_the_chooser_skips_searches_that_do_not_pay_and_keeps_the_head(monkeypatch):
+    corpus = ReplyCorpus.build([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 5, depth=16)
+    chooser = DraftChooser(corpus, head_kept=[0.5, 0.2, 0.1], max_drafts=5, batch=8)
+    searches = []
+    propose = chooser.propose
+    monkeypatch.setattr(chooser, "propose", lambda *args: searches.append(1) or propose(*args))
+    chooser.search.record(8, spent=0.001, saved=0.0)
+    choices = [chooser.choose([20, 1, 2, 3], 3) for _ in range(LOOK_EVERY)]
+    assert len(searches) == 1 and choices[:-1] == [3] * (LOOK_EVERY - 1)
+    assert choices[-1].tokens[:3] == [4, 5, 6]  # the one search still drafts the continuation
