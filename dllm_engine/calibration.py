@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dllm_engine.decoding import StepPlan, Target
+from dllm_engine.decoding.step_costs import StepCosts
 from dllm_engine.decoding.suffix_drafts import RecentReplies
 from dllm_engine.models.transformer import KVCache, Segment
 from dllm_engine.request import GenerationParams
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
 MODES = ("autoregressive", "diffusion")
 MODE_PROMPT = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
 FIRST_TOKEN = 42  # the exact token a timed block starts with (any id: timing only)
+# the batches choose_block times besides one request alone: verify passes of that many requests
+# with that many rows each, and the head drafting for that many at once (what drafting costs
+# when a batch's requests share a pass: a row of another request costs more than one more row
+# of the same, its attention reading another cache)
+BATCH_REQUESTS = [2, 4, 8]
+BATCH_ROWS_EACH = [1, 2, 4, 8]
 
 
 def reply_speeds(engine: "Engine", template: GenerationParams, new_tokens: int, rounds: int) -> dict[str, float]:
@@ -69,6 +76,16 @@ def verify_plan(cache: KVCache, context: int, rows: int) -> StepPlan:
                     [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))
 
 
+def timed_shapes(most_rows: int, batched: bool) -> tuple[list[tuple[int, int]], list[int]]:
+    """What Engine.choose_block times: verify passes as (requests, rows each), one request with
+    1..most_rows rows, and where drafts are chosen for the batch (`batched`) those of
+    BATCH_REQUESTS requests too; and the head's block pass for that many requests."""
+    shapes = [(1, rows) for rows in range(1, most_rows + 1)]
+    if batched:
+        shapes += [(requests, rows) for requests in BATCH_REQUESTS for rows in BATCH_ROWS_EACH]
+    return shapes, [1] + (BATCH_REQUESTS if batched else [])
+
+
 @dataclass
 class StepTimes:
     """A draft-head decoding step's parts, in seconds, each the fastest of its rounds."""
@@ -76,6 +93,17 @@ class StepTimes:
     verify: list[float]  # the verify pass, by shape (requests, rows each) as asked
     context: float  # the head takes the verified rows' features (every step)
     blocks: list[float]  # the head drafts a block for each of n requests, by n (as asked)
+
+    def costs(self, shapes: list[tuple[int, int]], batches: list[int]) -> StepCosts:
+        verify: dict[int, list[tuple[int, float]]] = {}
+        for (requests, rows), seconds in zip(shapes, self.verify):
+            verify.setdefault(requests, []).append((rows, seconds))
+        return StepCosts(verify, self.context, list(zip(batches, self.blocks)), timed=True)
+
+    def report(self, shapes: list[tuple[int, int]], batches: list[int]) -> dict:
+        return {"verify_ms": {f"{n}x{rows}": round(1000 * v, 2) for (n, rows), v in zip(shapes, self.verify)},
+                "head_context_ms": round(1000 * self.context, 2),
+                "head_block_ms": {n: round(1000 * b, 2) for n, b in zip(batches, self.blocks)}}
 
 
 def draft_step_seconds(engine: "Engine", shapes: list[tuple[int, int]], batches: list[int], context: int,

@@ -32,7 +32,6 @@ import torch
 from dllm_engine import calibration
 from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, make_policy
 from dllm_engine.decoding.factory import make_decoder
-from dllm_engine.decoding.step_costs import StepCosts
 from dllm_engine.decoding.suffix_drafts import DraftChooser, RecentReplies
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
 from dllm_engine.memory import release_free_memory
@@ -53,11 +52,6 @@ TRIM_EVERY_S = 5.0  # an idle engine hands freed memory back at most this often
 # cores (docs/benchmarks.md, "Chunked prefill"): larger chunks stall the batch longer and, their
 # attention rows costing more, do not even prefill faster
 PREFILL_CHUNK = 64
-# the batches choose_block times besides one request alone: verify passes of that many
-# requests with that many rows each, and the head drafting for that many at once (what drafting
-# costs when a batch's requests share a pass)
-BATCH_REQUESTS = [2, 4, 8]
-BATCH_ROWS_EACH = [1, 2, 4, 8]
 
 
 class Engine:
@@ -279,26 +273,17 @@ class Engine:
         if head is None or not kept:
             return None
         most = max(head.spec.block_size - 1, self.draft_chooser.max_drafts if self.draft_chooser else 0)
-        shapes = [(1, rows) for rows in range(1, most + 2)]
-        if self.draft_chooser is not None:
-            shapes += [(requests, rows) for requests in BATCH_REQUESTS for rows in BATCH_ROWS_EACH]
-        batches = [1] + (BATCH_REQUESTS if self.draft_chooser else [])
+        shapes, batches = calibration.timed_shapes(most + 1, batched=self.draft_chooser is not None)
         times = self._on_scheduler(lambda: calibration.draft_step_seconds(self, shapes, batches, context, repeats))
         steps = [v + times.context + times.blocks[0] for v in times.verify[1:head.spec.block_size]]
         table = calibration.block_table(steps, kept)
         best = max(table, key=lambda row: row["tokens_per_s"])
         self.config.block_size = best["block"]
         if self.draft_chooser is not None:
-            verify: dict[int, list[tuple[int, float]]] = {}
-            for (requests, rows), seconds in zip(shapes, times.verify):
-                verify.setdefault(requests, []).append((rows, seconds))
-            self.draft_chooser.costs = StepCosts(verify, times.context, list(zip(batches, times.blocks)), timed=True)
+            self.draft_chooser.costs = times.costs(shapes, batches)
         log.info("diffusion drafts blocks of %d on this machine (%s)", best["block"],
                  ", ".join(f"{r['block']}: {r['tokens_per_s']} tokens/s" for r in table))
-        return {"chosen": best["block"], "blocks": table,
-                "verify_ms": {f"{n}x{rows}": round(1000 * v, 2) for (n, rows), v in zip(shapes, times.verify)},
-                "head_context_ms": round(1000 * times.context, 2),
-                "head_block_ms": {n: round(1000 * b, 2) for n, b in zip(batches, times.blocks)}}
+        return {"chosen": best["block"], "blocks": table, **times.report(shapes, batches)}
 
     def _on_scheduler(self, function):
         """function() between two steps of the scheduler thread (the runner is that thread's)."""
