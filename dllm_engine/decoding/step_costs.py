@@ -70,9 +70,10 @@ class SearchValue:
     """Whether looking for a continuation pays for the looking, by batch size. The search is
     Python over the request's tokens and the corpus (0.2-0.5 ms a request a step), paid by every
     request every step; in a large batch a continuation seldom beats checking no drafts by much
-    (measured with eight requests: the search cost 12 % of the step and bought nothing). Each
-    look's cost and what it saved (the seconds the next best option needs for as many expected
-    tokens, less the continuation's own; 0 where it lost) are averaged per batch size; where the
+    (measured with four and eight requests: the search cost 12-15 % of a step and bought 0-3 %).
+    Each look's cost and what it saved are averaged per batch size: the seconds the best other
+    option would have needed for the tokens the continuation's verify pass kept, less the
+    continuation's own share of that pass (0 where no continuation was chosen). Where the
     saving is below the cost, one step in LOOK_EVERY still looks."""
 
     spent: dict[int, float] = field(default_factory=dict)
@@ -80,7 +81,7 @@ class SearchValue:
     passed: dict[int, int] = field(default_factory=dict)  # looks skipped since the last one
 
     def worth_looking(self, batch: int) -> bool:
-        if batch not in self.spent or self.saved[batch] >= self.spent[batch]:
+        if batch not in self.spent or batch not in self.saved or self.saved[batch] >= self.spent[batch]:
             return True
         self.passed[batch] = self.passed.get(batch, 0) + 1
         if self.passed[batch] < LOOK_EVERY:
@@ -88,9 +89,12 @@ class SearchValue:
         self.passed[batch] = 0
         return True
 
-    def record(self, batch: int, spent: float, saved: float) -> None:
-        if batch not in self.spent:
-            self.spent[batch], self.saved[batch] = spent, saved
-            return
-        self.spent[batch] += SMOOTHING * (spent - self.spent[batch])
-        self.saved[batch] += SMOOTHING * (saved - self.saved[batch])
+    def record_spent(self, batch: int, seconds: float) -> None:
+        _smooth(self.spent, batch, seconds)
+
+    def record_saved(self, batch: int, seconds: float) -> None:
+        _smooth(self.saved, batch, seconds)
+
+
+def _smooth(averages: dict[int, float], key: int, value: float) -> None:
+    averages[key] = value if key not in averages else averages[key] + SMOOTHING * (value - averages[key])

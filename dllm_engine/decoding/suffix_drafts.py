@@ -61,9 +61,11 @@ class Proposal:
     tokens: list[int]
     probs: list[float]  # running product: the chance that tokens[:j + 1] are all kept
     cells: list[tuple] = field(default_factory=list)  # each token's calibration cell
+    # once chosen: (batch size, the best other option's tokens a second, this one's step share)
+    chosen_over: tuple[int, float, float] | None = None
 
     def cut(self, count: int) -> "Proposal":
-        return Proposal(self.tokens[:count], self.probs[:count], self.cells[:count])
+        return Proposal(self.tokens[:count], self.probs[:count], self.cells[:count], self.chosen_over)
 
     def expected(self, count: int | None = None) -> float:
         """Expected drafts kept when the first `count` tokens are checked."""
@@ -359,6 +361,9 @@ class DraftChooser:
 
     def observe_continuation(self, proposal: Proposal, kept: int) -> None:
         self.observed.observe(proposal.cells, kept)
+        if proposal.chosen_over is not None:  # what the search that found it saved, in fact
+            batch, other_rate, share = proposal.chosen_over
+            self.search.record_saved(batch, (1 + kept) / max(other_rate, 1e-9) - share)
 
     def walks(self, history: list[int]) -> list[tuple[str, int, Iterator[Step]]]:
         """(source, match length, walk) from each source where the request's tokens match (recent
@@ -403,12 +408,13 @@ class DraftChooser:
             return head_checks
         started = time.perf_counter()
         proposal = self.propose(history, self.floors(head_rate))
-        choice, saved = head_checks, 0.0
+        self.search.record_spent(self.batch, time.perf_counter() - started)
         if proposal is not None:
             rates = [(1 + proposal.expected(n)) / self.verify_cost(n) for n in range(1, len(proposal.tokens) + 1)]
             best = int(np.argmax(rates))
-            if rates[best] > head_rate:
-                choice = proposal.cut(best + 1)
-                saved = (1 + choice.expected()) / max(head_rate, 1e-9) - self.verify_cost(best + 1)
-        self.search.record(self.batch, time.perf_counter() - started, saved)
-        return choice
+            if rates[best] > head_rate:  # what it saved is told when its verify pass is seen
+                chosen = proposal.cut(best + 1)
+                chosen.chosen_over = (self.batch, head_rate, self.verify_cost(best + 1))
+                return chosen
+        self.search.record_saved(self.batch, 0.0)
+        return head_checks

@@ -216,14 +216,16 @@ def test_a_reply_asked_for_again_is_drafted_from_the_recent_one(tiny_gguf, tmp_p
 def test_a_search_that_does_not_pay_for_its_time_is_made_one_step_in_eight():
     value = SearchValue()
     assert value.worth_looking(8)  # nothing known: look
-    value.record(8, spent=0.0004, saved=0.0)
+    value.record_spent(8, 0.0004)
+    value.record_saved(8, 0.0)
     looks = [value.worth_looking(8) for _ in range(16)]
     assert looks.count(True) == 2 and looks[LOOK_EVERY - 1] and looks[2 * LOOK_EVERY - 1]
     assert value.worth_looking(1)  # each batch size on its own figures
-    value.record(1, spent=0.0004, saved=0.002)
+    value.record_spent(1, 0.0004)
+    value.record_saved(1, 0.002)
     assert all(value.worth_looking(1) for _ in range(16))
     for _ in range(200):  # the odds moved: continuations pay again in a batch of eight
-        value.record(8, spent=0.0004, saved=0.001)
+        value.record_saved(8, 0.001)
     assert all(value.worth_looking(8) for _ in range(16))
 
 
@@ -233,7 +235,20 @@ def test_the_chooser_skips_searches_that_do_not_pay_and_keeps_the_head(monkeypat
     searches = []
     propose = chooser.propose
     monkeypatch.setattr(chooser, "propose", lambda *args: searches.append(1) or propose(*args))
-    chooser.search.record(8, spent=0.001, saved=0.0)
+    chooser.search.record_spent(8, 0.001)
+    chooser.search.record_saved(8, 0.0)
     choices = [chooser.choose([20, 1, 2, 3], 3) for _ in range(LOOK_EVERY)]
     assert len(searches) == 1 and choices[:-1] == [3] * (LOOK_EVERY - 1)
     assert choices[-1].tokens[:3] == [4, 5, 6]  # the one search still drafts the continuation
+
+
+def test_what_a_search_saved_is_what_the_verify_pass_kept():
+    corpus = ReplyCorpus.build([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 5, depth=16)
+    chooser = DraftChooser(corpus, head_kept=[0.1, 0.0, 0.0], max_drafts=3,
+                           costs=StepCosts.one_request([1.0, 1.2, 1.4, 1.6], head=0.5))
+    proposal = chooser.choose([20, 1, 2, 3], 3)
+    assert proposal.tokens == [4, 5, 6] and chooser.search.saved == {}  # told at the verify pass
+    batch, other_rate, share = proposal.chosen_over
+    assert batch == 1 and share == pytest.approx(1.6) and other_rate == pytest.approx(1.0)  # no drafts: 1 a second
+    chooser.observe_continuation(proposal.cut(3), kept=0)  # all wrong: no drafts would have done better
+    assert chooser.search.saved[1] == pytest.approx(1.0 - 1.6)
