@@ -27,6 +27,8 @@ def test_bench_measures_both_modes_chooses_the_heads_block_and_rewrites_its_docs
     out = capsys.readouterr().out
     assert "| ours, diffusion |" in out and "| ours, autoregressive |" in out
     assert "| ours, diffusion (head only) |" in out  # without continuation drafts, in the same run
+    head_only_row = next(line for line in out.splitlines() if line.startswith("| ours, diffusion (head only) |"))
+    assert "tok/s @2" in out and " - |" not in head_only_row  # every configuration at every level
     assert "diffusion with the head's drafts only / autoregressive speed" in out
     assert "The draft head's block, chosen by a timed decoding step" in out
     assert "| block (exact token + drafts) | 2 | 3 | 4 |" in out
