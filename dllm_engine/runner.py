@@ -162,7 +162,7 @@ class ModelRunner:
                 if temperature > 0:
                     logits = self.pass_.logits(hidden[offset:offset + count])
                     tokens[offset:offset + count], confidence[offset:offset + count] = \
-                        pick_tokens(logits, temperature, generator)
+                        pick_tokens(logits, temperature, generator, next_token_positions(plan))
                 probs.append(None)
                 if wanted and count:
                     distribution = torch.softmax(self.pass_.logits(hidden[offset:offset + 1]).float(), -1)[0]
@@ -183,6 +183,13 @@ class ModelRunner:
             blocks = [(first, position, cache) for _, cache, first, position in requests if first is not None]
             drafted = iter(self.drafter.draft(blocks) if blocks else [])
             return [next(drafted) if first is not None else None for _, _, first, _ in requests]
+
+
+def next_token_positions(plan: StepPlan) -> list[int | None]:
+    """Per target, the position whose next token it predicts where it is an exact causal
+    prediction (the AR token, a draft's check), else None (a masked block's row)."""
+    return [plan.segments[t.segment].start + t.row if t.forced or t.given is not None else None
+            for t in plan.targets]
 
 
 def draft_rows(plans: list[StepPlan], drafts_only: list[bool]) -> list[int]:

@@ -160,6 +160,45 @@ def test_a_batch_whose_rows_are_dear_checks_no_drafts_and_keeps_the_reply_exact(
         engine.close()
 
 
+def _lenient_oracle(engine, truth: list[int]):
+    """A head that drafts `truth` (every third draft wrong) for a request whose reply so far is
+    its prefix, and token 0 for any other."""
+    def draft(requests):
+        out = []
+        for _, cache, first, _ in requests:
+            if first is None:
+                out.append(None)
+                continue
+            reply = next(r for r in engine.scheduler.live if r.decoder.cache is cache).decoder.reply
+            ahead = truth[len(reply):len(reply) + BLOCK - 1] if truth[:len(reply)] == reply else []
+            guesses = [t if (len(reply) + i) % 3 else (t + 1) % engine.config.vocab_size for i, t in enumerate(ahead)]
+            out.append(guesses + [0] * (BLOCK - 1 - len(guesses)))
+        return out
+
+    return draft
+
+
+def test_a_seeded_sample_is_the_seeded_ar_sample_whatever_the_drafts_and_the_batch(tiny_gguf, tmp_path):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    loaded.draft_head_meta["held_out"] = {"by_offset": [0.9, 0.8, 0.7]}
+    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
+                    recent_replies=0)
+    try:
+        # a hot sample: the tiny random model is peaked
+        sampled = GenerationParams(mode="autoregressive", max_new_tokens=24, stop_at_eos=False, temperature=8.0, seed=11)
+        ar = engine.generate(PROMPTS[1], sampled).token_ids
+        assert ar != engine.generate(PROMPTS[1], dataclasses.replace(sampled, seed=12)).token_ids
+        engine._runner.draft = _lenient_oracle(engine, ar)  # some drafts hold, a different count each pass
+        diffusion = dataclasses.replace(sampled, mode="diffusion")
+        alone = engine.generate(PROMPTS[1], diffusion)
+        assert alone.token_ids == ar and alone.stats.forward_passes < 24
+        with engine._lock:  # and batched with others, whose rows share its passes
+            handles = [engine.submit(PROMPTS[1], diffusion)] + [engine.submit(p, diffusion) for p in PROMPTS]
+        assert handles[0].result().token_ids == ar
+    finally:
+        engine.close()
+
+
 def test_the_fused_head_drafts_what_the_torch_head_drafts(tiny_gguf, tmp_path):
     if cpu.available() is not None:
         pytest.skip(f"CPU kernels unavailable: {cpu.available()}")
