@@ -31,6 +31,7 @@ def test_partials_that_wait_together_are_decoded_in_one_call_with_the_words_of_e
         dropped = asyncio.ensure_future(transcriber.transcribe(clips["greeting"]))
         await asyncio.sleep(0.05)
         dropped.cancel()  # a session that went away meanwhile: its partial is not decoded
+        await asyncio.gather(dropped, return_exceptions=True)  # its cancellation reached the queue
         gate.set()
         texts = {name: await task for name, task in tasks.items()}
         blocker.result(timeout=10)
