@@ -5,7 +5,8 @@ A pass's rows are not free, and what one more row costs depends on the rows alre
 two CPU cores a pass of 4 rows costs about what one row does, one of 32 several times more. So
 a request's drafts are worth checking alone and not in a batch of eight, where every request's
 drafts share one pass. `share()` is one request's part of a batch's step when every request in
-it checks the same number of drafts; the chooser compares those parts.
+it checks the same number of drafts; the chooser compares those parts. `SearchValue` weighs the
+chooser's own search for continuations against what it saves, per batch size.
 """
 
 from __future__ import annotations

@@ -196,15 +196,21 @@ class Transcriber:
             self._waiting.append((audio_16k, future, queued_at))
             first = len(self._waiting) == 1
         if first:
-            self._pool.submit(1.0, self._decode_waiting)
+            try:
+                self._pool.submit(1.0, self._decode_waiting)
+            except RuntimeError:  # closed: nobody will take it
+                future.cancel()
         return future
 
     def _decode_waiting(self) -> None:
         with self._lock:
             batch, self._waiting = self._waiting[:MAX_PARTIAL_BATCH], self._waiting[MAX_PARTIAL_BATCH:]
             more = bool(self._waiting)
-        if more:  # those past the batch's limit: the next job
-            self._pool.submit(1.0, self._decode_waiting)
+        if more:  # those past the batch's limit: the next job (none once closed: close() cancels them)
+            try:
+                self._pool.submit(1.0, self._decode_waiting)
+            except RuntimeError:
+                pass
         batch = [item for item in batch if item[1].set_running_or_notify_cancel()]
         if not batch:
             return
@@ -219,4 +225,9 @@ class Transcriber:
             future.set_result(text)
 
     def close(self) -> None:
+        """Cancels the decodes not started (queued jobs and waiting partials); running ones finish."""
         self._pool.shutdown()
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for _, future, _ in waiting:
+            future.cancel()

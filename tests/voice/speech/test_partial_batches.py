@@ -39,3 +39,23 @@ def test_partials_that_wait_together_are_decoded_in_one_call_with_the_words_of_e
 
     assert asyncio.run(scenario()) == alone
     assert batches == [len(NAMES)]  # one call for the three that waited; none for the one cancelled
+
+
+def test_closing_the_transcriber_cancels_the_partials_still_waiting(test_audio):
+    from voice_app.speech.asr import Transcriber
+
+    transcriber = Transcriber("tiny.en", cpu_threads=1)
+    clip = resample(int16_to_float(test_audio["greeting"]), WIRE_RATE, ASR_RATE)
+    gate = threading.Event()
+
+    async def scenario() -> list:
+        transcriber._pool.submit(0.0, gate.wait)  # the worker busy: the partials wait
+        waiting = [asyncio.ensure_future(transcriber.transcribe(clip)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        transcriber.close()
+        gate.set()
+        late = asyncio.ensure_future(transcriber.transcribe(clip))  # after close: refused, not left hanging
+        return await asyncio.wait_for(asyncio.gather(*waiting, late, return_exceptions=True), timeout=30)
+
+    outcomes = asyncio.run(scenario())
+    assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes)
