@@ -36,10 +36,13 @@ class DraftHeadDecoder(BlockCausalDecoder):
     chooser: where continuations may replace the head's drafts, a step then commits up to
     chooser.max_drafts + 1 tokens (the decoder's window is that wide)."""
 
-    def __init__(self, *args, chooser: DraftChooser | None = None, **kwargs):
+    def __init__(self, *args, chooser: DraftChooser | None = None, greedy: bool = True, **kwargs):
         kwargs.update(adapter=False, bidirectional_clean_blocks=False, exact=True)
         self.head_drafts = kwargs["block_size"] - 1
         self.chooser = chooser
+        # a sampled reply's kept drafts say how often a draft matches a sample, not the greedy
+        # reply the chooser's odds are of: only greedy requests teach it odds (all, what a search saved)
+        self.teaches_chooser = greedy
         if chooser is not None:
             kwargs["block_size"] = max(kwargs["block_size"], chooser.max_drafts + 1)
         kwargs.setdefault("verify_drafts", kwargs["block_size"] - 1)
@@ -126,10 +129,10 @@ class DraftHeadDecoder(BlockCausalDecoder):
         drafted_by, self._drafted_by = self._drafted_by, None
         if self.chooser is None or drafted_by is None or not self._checked:
             return
-        if drafted_by == "head":
+        if drafted_by != "head":
+            self.chooser.observe_continuation(drafted_by.cut(self._checked), kept, odds=self.teaches_chooser)
+        elif self.teaches_chooser:
             self.chooser.observe_head(self._checked, kept)
-        else:
-            self.chooser.observe_continuation(drafted_by.cut(self._checked), kept)
 
     def _guess(self, drafts: list[int]) -> None:
         for position, token in enumerate(drafts[:len(self.block) - 1]):

@@ -55,7 +55,7 @@ def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams
                   mask_id=config.mask_token_id if config.mask_token_id is not None else _NO_MASK,
                   eos_ids=set(config.eos_token_ids), shift=config.logits_shift, stop_at_eos=params.stop_at_eos)
     if head is not None:
-        return DraftHeadDecoder(**common, chooser=chooser)
+        return DraftHeadDecoder(**common, chooser=chooser, greedy=params.temperature == 0)
     if config.attention == "bidirectional" and diffusion:
         return FullAttentionDecoder(**common)
     exact = params.exact

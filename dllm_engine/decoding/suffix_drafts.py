@@ -359,8 +359,11 @@ class DraftChooser:
             self.head_checked[j] += 1
             self.head_held[j] += j < kept
 
-    def observe_continuation(self, proposal: Proposal, kept: int) -> None:
-        self.observed.observe(proposal.cells, kept)
+    def observe_continuation(self, proposal: Proposal, kept: int, odds: bool = True) -> None:
+        """A verify pass checked `proposal` and kept its first `kept` tokens: the cells' odds learn
+        from it (where `odds`: a greedy request's), and the search that found it what it saved."""
+        if odds:
+            self.observed.observe(proposal.cells, kept)
         if proposal.chosen_over is not None:  # what the search that found it saved, in fact
             batch, other_rate, share = proposal.chosen_over
             self.search.record_saved(batch, (1 + kept) / max(other_rate, 1e-9) - share)

@@ -199,6 +199,23 @@ def test_a_seeded_sample_is_the_seeded_ar_sample_whatever_the_drafts_and_the_bat
         engine.close()
 
 
+def test_only_greedy_replies_teach_the_chooser_its_odds(tiny_gguf, tmp_path):
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    loaded.draft_head_meta["held_out"] = {"by_offset": [0.9, 0.8, 0.7]}
+    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
+                    recent_replies=0)
+    try:
+        chooser = engine.draft_chooser
+        params = GenerationParams(mode="diffusion", max_new_tokens=16, stop_at_eos=False)
+        sampled = engine.generate(PROMPTS[1], dataclasses.replace(params, temperature=8.0, seed=3))
+        assert sampled.stats.forward_passes > 1  # the head drafted and its drafts were checked ...
+        assert chooser.head_checked == [] and chooser.observed.trials.sum() == 0  # ... and taught nothing
+        engine.generate(PROMPTS[1], params)
+        assert sum(chooser.head_checked) + chooser.observed.trials.sum() > 0
+    finally:
+        engine.close()
+
+
 def test_the_fused_head_drafts_what_the_torch_head_drafts(tiny_gguf, tmp_path):
     if cpu.available() is not None:
         pytest.skip(f"CPU kernels unavailable: {cpu.available()}")
