@@ -137,11 +137,16 @@ def test_right_drafts_commit_several_tokens_a_pass_and_keep_the_reply_exact(tiny
         engine.close()
 
 
-def test_a_batch_whose_rows_are_dear_checks_no_drafts_and_keeps_the_reply_exact(tiny_gguf, tmp_path):
-    loaded = with_random_head(tiny_gguf, tmp_path)
+def engine_with_chooser(path, tmp_path) -> Engine:
+    """The tiny model with a random head that claims good held-out odds, and the draft chooser."""
+    loaded = with_random_head(path, tmp_path)
     loaded.draft_head_meta["held_out"] = {"by_offset": [0.9, 0.8, 0.7]}
-    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
-                    recent_replies=0)
+    return Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
+                  recent_replies=0)
+
+
+def test_a_batch_whose_rows_are_dear_checks_no_drafts_and_keeps_the_reply_exact(tiny_gguf, tmp_path):
+    engine = engine_with_chooser(tiny_gguf, tmp_path)
     try:
         params = GenerationParams(mode="diffusion", max_new_tokens=24, stop_at_eos=False)
         ar = engine.generate(PROMPTS[0], dataclasses.replace(params, mode="autoregressive")).token_ids
@@ -179,10 +184,7 @@ def _lenient_oracle(engine, truth: list[int]):
 
 
 def test_a_seeded_sample_is_the_seeded_ar_sample_whatever_the_drafts_and_the_batch(tiny_gguf, tmp_path):
-    loaded = with_random_head(tiny_gguf, tmp_path)
-    loaded.draft_head_meta["held_out"] = {"by_offset": [0.9, 0.8, 0.7]}
-    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
-                    recent_replies=0)
+    engine = engine_with_chooser(tiny_gguf, tmp_path)
     try:
         # a hot sample: the tiny random model is peaked
         sampled = GenerationParams(mode="autoregressive", max_new_tokens=24, stop_at_eos=False, temperature=8.0, seed=11)
@@ -200,10 +202,7 @@ def test_a_seeded_sample_is_the_seeded_ar_sample_whatever_the_drafts_and_the_bat
 
 
 def test_only_greedy_replies_teach_the_chooser_its_odds(tiny_gguf, tmp_path):
-    loaded = with_random_head(tiny_gguf, tmp_path)
-    loaded.draft_head_meta["held_out"] = {"by_offset": [0.9, 0.8, 0.7]}
-    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
-                    recent_replies=0)
+    engine = engine_with_chooser(tiny_gguf, tmp_path)
     try:
         chooser = engine.draft_chooser
         params = GenerationParams(mode="diffusion", max_new_tokens=16, stop_at_eos=False)
