@@ -57,7 +57,7 @@ def _one(engine, prompt: str, params: GenerationParams) -> dict:
     elapsed = time.monotonic() - started
     stats = final.stats
     return {"tokens": stats.new_tokens, "committed": stats.committed_tokens, "forward_passes": stats.forward_passes,
-            "continued_passes": stats.continued_passes, "elapsed_s": elapsed,
+            "prefill_passes": stats.prefill_passes, "continued_passes": stats.continued_passes, "elapsed_s": elapsed,
             "first_sentence_s": first_sentence if first_sentence is not None else elapsed}
 
 
@@ -80,10 +80,11 @@ def measure(engine, mode: str, prompts: list[str], max_new_tokens: int, block_si
     tokens = sum(r["tokens"] for r in runs)
     total_time = sum(r["elapsed_s"] for r in runs)
     passes = sum(r["forward_passes"] for r in runs)
+    decoding = passes - sum(r["prefill_passes"] for r in runs)
     return {
         "mode": mode, "tokens_per_s": tokens / total_time, "tokens": tokens,
         "median_tokens": statistics.median(r["tokens"] for r in runs),
-        "forward_passes": passes, "tokens_per_forward": sum(r["committed"] for r in runs) / max(1, passes),
+        "forward_passes": passes, "tokens_per_forward": sum(r["committed"] for r in runs) / max(1, decoding),
         "continued_passes": sum(r["continued_passes"] for r in runs),
         "ms_per_pass": 1000 * total_time / max(1, passes),
         "median_first_sentence_s": statistics.median(r["first_sentence_s"] for r in runs),

@@ -91,6 +91,7 @@ class RequestStats:
     new_tokens: int = 0
     committed_tokens: int = 0  # tokens the passes committed: new_tokens and an ending EOS
     forward_passes: int = 0  # passes this request took part in (prefill and cache writes included)
+    prefill_passes: int = 0  # of them, chunks of a long prompt: they predict nothing
     denoise_steps: int = 0
     # pass_commits[k]: passes that committed k tokens (a tuple: every update gets its own copy);
     # with drafts checked, passes committing >= j + 1 tokens kept the draft at offset j
@@ -102,8 +103,11 @@ class RequestStats:
 
     @property
     def tokens_per_forward(self) -> float:
-        """Tokens a pass committed, on average (the EOS that ends a reply counts: an AR reply is 1.0)."""
-        return self.committed_tokens / self.forward_passes if self.forward_passes else 0.0
+        """Tokens a decoding pass committed, on average: the EOS that ends a reply counts, the
+        chunks of a long prompt do not (they predict nothing), so an AR reply is exactly 1.0
+        whatever its prompt's length."""
+        decoding = self.forward_passes - self.prefill_passes
+        return self.committed_tokens / decoding if decoding > 0 else 0.0
 
     def count_pass(self, committed: int) -> None:
         counts = list(self.pass_commits) + [0] * max(0, committed + 1 - len(self.pass_commits))

@@ -161,6 +161,7 @@ class Scheduler:
         decoder, stats = request.decoder, request.stats
         committed = step.exact + decoder.commit_chosen(step.plan, step.tokens, step.free, chosen)
         stats.forward_passes += 1
+        stats.prefill_passes += not step.plan.targets  # a long prompt's chunk
         stats.denoise_steps += 1
         stats.committed_tokens += committed
         stats.count_pass(committed)
