@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dllm_engine.decoding.step_costs import SearchValue, StepCosts
+from dllm_engine.decoding.step_costs import LOOK_EVERY, SearchValue, StepCosts
 
 SEPARATOR = -1  # between the corpus's conversations: no match crosses it
 _STORED_SEPARATOR = 65535  # the separator in a saved corpus's uint16 tokens
@@ -47,6 +47,7 @@ COUNT_BOUNDS = (1, 3, 9)
 # acceptance): the calibration and the held-out figures come from templated voice turns, and
 # what a live engine is asked may be drafted better or worse than that
 OBSERVED_WEIGHT = 16
+HEAD_LOOK_LOSS = 0.1  # head drafts this close to paying are still checked now and then
 
 
 @dataclass
@@ -325,6 +326,7 @@ class DraftChooser:
     observed: Calibration = field(default_factory=Calibration)
     head_checked: list[int] = field(default_factory=list)
     head_held: list[int] = field(default_factory=list)
+    head_passed: int = 0  # steps since the head's drafts, not paying by their odds, were last checked
 
     @property
     def calibration(self) -> Calibration:
@@ -339,7 +341,9 @@ class DraftChooser:
         prior = self.head_kept[offset] if offset < len(self.head_kept) else 0.0
         checked = self.head_checked[offset] if offset < len(self.head_checked) else 0
         held = self.head_held[offset] if offset < len(self.head_held) else 0
-        return (held + OBSERVED_WEIGHT * prior) / (checked + OBSERVED_WEIGHT)
+        kept = (held + OBSERVED_WEIGHT * prior) / (checked + OBSERVED_WEIGHT)
+        # never above the odds of the drafts before it (an offset seldom checked keeps its prior)
+        return min(kept, self.head_kept_now(offset - 1)) if offset else kept
 
     def head_rate(self, head_drafts: int) -> tuple[float, int]:
         """Expected tokens a second of a step that checks the head's first k drafts, for the best
@@ -349,6 +353,20 @@ class DraftChooser:
                  for k in range(1, head_drafts + 1)]
         best = int(np.argmax(rates))
         return rates[best], best + 1
+
+    def _still_check_head(self, relative_rate: float) -> bool:
+        """Whether a step checks the head's drafts though by their odds they do not pay (their
+        rate is relative_rate of checking none): one step in LOOK_EVERY, where they come within
+        HEAD_LOOK_LOSS of paying (so looking costs a step at most 1.25 % on average). Odds learnt
+        from this engine's passes move only while drafts are checked: without these looks, a run
+        of replies the head drafts badly would stop it for good where it nearly pays."""
+        if relative_rate < 1 - HEAD_LOOK_LOSS:
+            return False
+        self.head_passed += 1
+        if self.head_passed < LOOK_EVERY:
+            return False
+        self.head_passed = 0
+        return True
 
     def observe_head(self, checked: int, kept: int) -> None:
         """A verify pass checked `checked` of the head's drafts and kept the first `kept`."""
@@ -401,12 +419,14 @@ class DraftChooser:
     def choose(self, history: list[int], head_drafts: int) -> Proposal | int:
         """What the next pass checks: a continuation (cut to the length with the most expected
         tokens a second), or how many of the head's drafts (0: none, where the costs are timed
-        and a pass's rows are dearer than what drafts keep, e.g. in a large batch). Where the
+        and a pass's rows are dearer than what drafts keep, e.g. in a large batch; one such step
+        in LOOK_EVERY still checks them where their odds may be what is wrong). Where the
         search for a continuation has not been paying for its own time at this batch size, most
         steps skip it (`SearchValue`)."""
         head_rate, head_checks = self.head_rate(head_drafts) if head_drafts else (0.0, 0)
         if self.costs.timed and 1 / self.verify_cost(0) >= head_rate:
-            head_rate, head_checks = 1 / self.verify_cost(0), 0
+            still = self._still_check_head(head_rate * self.verify_cost(0))
+            head_rate, head_checks = 1 / self.verify_cost(0), head_checks if still else 0
         if not self.search.worth_looking(self.batch):
             return head_checks
         started = time.perf_counter()

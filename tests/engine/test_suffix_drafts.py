@@ -163,6 +163,24 @@ def test_the_chooser_learns_from_what_the_verify_passes_kept():
     assert chooser.head_kept_now(2) == pytest.approx(48 / 64)
 
 
+def test_head_drafts_that_nearly_pay_are_still_checked_now_and_then_so_their_odds_can_recover():
+    # a draft costs a tenth of a row: the first draft pays where it is kept 1 time in 9 or more
+    costs = StepCosts.one_request([1.0, 1.1, 1.2, 1.3], head=0.0)
+    chooser = DraftChooser(None, head_kept=[0.5, 0.25, 0.1], costs=costs)
+    assert chooser.choose([5, 6, 7], 3) > 0
+    for _ in range(200):  # a run of replies the head drafts badly
+        chooser.observe_head(checked=1, kept=0)
+    checks = [chooser.choose([5, 6, 7], 3) for _ in range(4 * LOOK_EVERY)]
+    assert checks.count(0) == 4 * (LOOK_EVERY - 1)  # one step in LOOK_EVERY still checks a draft
+    assert all(c == 1 for c in checks if c)
+    for _ in range(100):  # what those looks see: the head drafts well again
+        chooser.observe_head(checked=1, kept=1)
+    assert chooser.choose([5, 6, 7], 3) > 0
+    # where drafts are far from paying (a row costs what a step does), they are not looked at
+    dear = DraftChooser(None, head_kept=[0.05, 0.0, 0.0], costs=StepCosts.one_request([1.0, 2.0, 3.0, 4.0], head=0.0))
+    assert all(dear.choose([5, 6, 7], 3) == 0 for _ in range(4 * LOOK_EVERY))
+
+
 def _engine(loaded, **kwargs):
     return Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0, **kwargs)
 
