@@ -7,20 +7,15 @@ Decoding runs in a bounded thread pool, never on the event loop.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import threading
-import time
-from concurrent.futures import Future
 
 import numpy as np
 
+from voice_app.speech.decode_batches import WaitingBatch
 from voice_app.speech.transcript_guard import collapse_repetitions, looks_failed
 from voice_app.speech.weights import verify_if_packaged, whisper_model_path
 from voice_app.speech.workers import PriorityPool
-
-log = logging.getLogger(__name__)
-
 
 SAMPLE_RATE = 16000
 FULL_WINDOW_FRAMES = 3000  # Whisper's native 30 s encoder window (100 mel frames a second)
@@ -29,7 +24,7 @@ WINDOW_STEP_FRAMES = 500
 NO_SPEECH_THRESHOLD = 0.6  # above this (and a low log-probability), the window is silence
 SILENT_LOG_PROB = -1.0  # faster-whisper's pair: no_speech_prob > 0.6 and avg log-prob < -1.0
 FALLBACK_TEMPERATURES = (0.4, 0.8)  # a final decode that looks failed is retried at these
-MAX_PARTIAL_BATCH = 8  # open turns decoded in one call (4 in one measured 1.27x faster than 4 calls)
+MAX_BATCH = 8  # utterances decoded in one call (decode_batches.py)
 
 
 def window_frames(frames: int) -> int:
@@ -76,7 +71,10 @@ class Transcriber:
         self._workers = workers
         self._lock = threading.Lock()
         self._queued = 0
-        self._waiting: list[tuple[np.ndarray, Future, float]] = []  # partials no worker has taken yet
+        # urgency: finals (someone waits to be answered) before partials
+        self._finals = WaitingBatch(self._pool, 0.0, lambda audios: self.transcribe_finals(audios), MAX_BATCH, "finals")
+        self._partials = WaitingBatch(self._pool, 1.0, lambda audios: self.transcribe_partials(audios), MAX_BATCH,
+                                      "partials")
 
     @property
     def live_jobs(self) -> int:
@@ -91,40 +89,46 @@ class Transcriber:
             return self._queued >= self._workers
 
     def transcribe_blocking(self, audio_16k: np.ndarray, final: bool = False) -> str:
-        """final: a turn's closing transcript: beam search, and faster-whisper's fallback to
-        sampling when the decode looks failed; every transcript loses a decoding loop's repeats."""
-        features = self._model.feature_extractor(audio_16k)
-        frames = features.shape[-1]
-        if frames < 10:
-            return ""
-        if frames > FULL_WINDOW_FRAMES - 200:
-            return collapse_repetitions(self._transcribe_long(audio_16k))
-        attempts = [self._decode_window(features, self.final_beam if final else 1)]
-        for temperature in FALLBACK_TEMPERATURES if final else ():
-            if not looks_failed(*attempts[-1]):
-                break
-            attempts.append(self._decode_window(features, 1, temperature))
-        return collapse_repetitions(best_attempt(attempts))
+        """final: a turn's closing transcript (`transcribe_finals`); otherwise greedy."""
+        return (self.transcribe_finals if final else self.transcribe_partials)([audio_16k])[0]
 
     def transcribe_partials(self, audios: list[np.ndarray]) -> list[str]:
-        """Greedy transcripts of several utterances (open turns of different sessions): those
-        whose encoder windows are the same length go through Whisper in one call, which costs
-        less than one call each (the same words: each is decoded in the window it would get
-        alone)."""
-        texts = [""] * len(audios)
+        """Greedy transcripts of several utterances (open turns of different sessions)."""
+        return [collapse_repetitions(text) for (text, _), _ in self._decode_each_alone(audios, 1)]
+
+    def transcribe_finals(self, audios: list[np.ndarray]) -> list[str]:
+        """Turns' closing transcripts: beam search, and faster-whisper's fallback to sampling for
+        a decode that looks failed (one utterance at a time: it is rare)."""
+        texts = []
+        for first, features in self._decode_each_alone(audios, self.final_beam):
+            attempts = [first]
+            for temperature in FALLBACK_TEMPERATURES if features is not None else ():
+                if not looks_failed(*attempts[-1]):
+                    break
+                attempts.append(self._decode_window(features, 1, temperature))
+            texts.append(collapse_repetitions(best_attempt(attempts)))
+        return texts
+
+    def _decode_each_alone(self, audios: list[np.ndarray],
+                           beam: int) -> list[tuple[tuple[str, float | None], np.ndarray | None]]:
+        """((text, average log-probability), features) of each utterance as it would decode
+        alone: those whose encoder windows are the same length go through Whisper in one call
+        (the same words, for less than one call each). features: None where the utterance is too
+        short to hear or too long for one window (decoded in segments), which nothing retries."""
+        results: list[tuple[tuple[str, float | None], np.ndarray | None]] = [(("", None), None)] * len(audios)
         by_window: dict[int, list[tuple[int, np.ndarray]]] = {}
         for index, audio in enumerate(audios):
             features = self._model.feature_extractor(audio)
             frames = features.shape[-1]
             if frames > FULL_WINDOW_FRAMES - 200:
-                texts[index] = collapse_repetitions(self._transcribe_long(audio))
+                results[index] = ((self._transcribe_long(audio), None), None)
             elif frames >= 10:
                 by_window.setdefault(window_frames(frames), []).append((index, features))
         for group in by_window.values():
-            decoded = self._decode_windows([features for _, features in group])
-            for (index, _), (text, _log_prob) in zip(group, decoded):
-                texts[index] = collapse_repetitions(text)
-        return texts
+            decoded = self._decode_windows([features for _, features in group], beam)
+            for (index, features), attempt in zip(group, decoded):
+                results[index] = (attempt, features)
+        return results
 
     def _decode_window(self, features: np.ndarray, beam: int = 1, temperature: float = 0.0) -> tuple[str, float | None]:
         return self._decode_windows([features], beam, temperature)[0]
@@ -172,62 +176,18 @@ class Transcriber:
 
     async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
         """final: a turn's closing transcript, which someone waits on: it goes before every
-        queued partial (of any session). Partials that wait for a worker together are decoded
-        together (`transcribe_partials`)."""
+        queued partial (of any session). Decodes of a kind that wait for a worker together are
+        decoded together (decode_batches.py)."""
         with self._lock:
             self._queued += 1
         try:
-            queued_at = time.monotonic()
-            if not final:
-                return await asyncio.wrap_future(self._queue_partial(audio_16k, queued_at))
-
-            def job() -> str:
-                log.debug("asr queue wait %.0f ms (final)", (time.monotonic() - queued_at) * 1000)
-                return self.transcribe_blocking(audio_16k, final)
-            return await asyncio.wrap_future(self._pool.submit(0.0, job))
+            return await asyncio.wrap_future((self._finals if final else self._partials).add(audio_16k))
         finally:
             with self._lock:
                 self._queued -= 1
 
-    def _queue_partial(self, audio_16k: np.ndarray, queued_at: float) -> Future:
-        """The partial joins those waiting; the first to wait sends the job that takes them all."""
-        future: Future = Future()
-        with self._lock:
-            self._waiting.append((audio_16k, future, queued_at))
-            first = len(self._waiting) == 1
-        if first:
-            try:
-                self._pool.submit(1.0, self._decode_waiting)
-            except RuntimeError:  # closed: nobody will take it
-                future.cancel()
-        return future
-
-    def _decode_waiting(self) -> None:
-        with self._lock:
-            batch, self._waiting = self._waiting[:MAX_PARTIAL_BATCH], self._waiting[MAX_PARTIAL_BATCH:]
-            more = bool(self._waiting)
-        if more:  # those past the batch's limit: the next job (none once closed: close() cancels them)
-            try:
-                self._pool.submit(1.0, self._decode_waiting)
-            except RuntimeError:
-                pass
-        batch = [item for item in batch if item[1].set_running_or_notify_cancel()]
-        if not batch:
-            return
-        log.debug("asr queue wait %.0f ms (%d partials)", (time.monotonic() - batch[0][2]) * 1000, len(batch))
-        try:
-            texts = self.transcribe_partials([audio for audio, _, _ in batch])
-        except BaseException as exc:  # every waiter hears it; the worker goes on
-            for _, future, _ in batch:
-                future.set_exception(exc)
-            return
-        for (_, future, _), text in zip(batch, texts):
-            future.set_result(text)
-
     def close(self) -> None:
-        """Cancels the decodes not started (queued jobs and waiting partials); running ones finish."""
+        """Cancels the decodes not started (queued jobs and waiting utterances); running ones finish."""
         self._pool.shutdown()
-        with self._lock:
-            waiting, self._waiting = self._waiting, []
-        for _, future, _ in waiting:
-            future.cancel()
+        self._partials.cancel()
+        self._finals.cancel()

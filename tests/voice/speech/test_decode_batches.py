@@ -1,0 +1,86 @@
+"""Utterances of several sessions that wait for the Whisper worker together (open turns'
+partials, or turns' finals) are decoded in one call, and each hears what it would have alone
+(the real tiny.en)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from voice_app.audio.pcm import ASR_RATE, WIRE_RATE, int16_to_float, resample
+
+pytestmark = pytest.mark.slow
+
+NAMES = ("greeting", "question", "interrupt")
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_decodes_that_wait_together_are_made_in_one_call_with_the_words_of_each_alone(
+        speech_models, test_audio, monkeypatch, final):
+    transcriber = speech_models["transcriber"]
+    clips = {name: resample(int16_to_float(test_audio[name]), WIRE_RATE, ASR_RATE) for name in NAMES}
+    alone = {name: transcriber.transcribe_blocking(clip, final) for name, clip in clips.items()}
+    batches: list[int] = []
+    method = "transcribe_finals" if final else "transcribe_partials"
+    decode = getattr(transcriber, method)
+    monkeypatch.setattr(transcriber, method, lambda audios: batches.append(len(audios)) or decode(audios))
+    gate = threading.Event()
+
+    async def scenario() -> dict[str, str]:
+        blocker = transcriber._pool.submit(-1.0, gate.wait)  # the only worker busy: the decodes queue
+        tasks = {name: asyncio.ensure_future(transcriber.transcribe(clip, final)) for name, clip in clips.items()}
+        dropped = asyncio.ensure_future(transcriber.transcribe(clips["greeting"], final))
+        await asyncio.sleep(0.05)
+        dropped.cancel()  # a session that went away meanwhile: its utterance is not decoded
+        await asyncio.gather(dropped, return_exceptions=True)  # its cancellation reached the queue
+        gate.set()
+        texts = {name: await task for name, task in tasks.items()}
+        blocker.result(timeout=10)
+        return texts
+
+    assert asyncio.run(scenario()) == alone
+    assert batches == [len(NAMES)]  # one call for the three that waited; none for the one cancelled
+
+
+def test_a_final_waiting_beside_partials_is_decoded_first(speech_models, test_audio):
+    transcriber = speech_models["transcriber"]
+    clip = resample(int16_to_float(test_audio["question"]), WIRE_RATE, ASR_RATE)
+    finished: list[str] = []
+    gate = threading.Event()
+
+    async def scenario() -> None:
+        blocker = transcriber._pool.submit(-1.0, gate.wait)
+        partial = asyncio.ensure_future(transcriber.transcribe(clip))
+        await asyncio.sleep(0.02)  # the partial waits first
+        final = asyncio.ensure_future(transcriber.transcribe(clip, final=True))
+        for name, task in (("partial", partial), ("final", final)):
+            task.add_done_callback(lambda _, name=name: finished.append(name))
+        await asyncio.sleep(0.02)
+        gate.set()
+        await asyncio.gather(partial, final)
+        blocker.result(timeout=10)
+
+    asyncio.run(scenario())
+    assert finished == ["final", "partial"]
+
+
+def test_closing_the_transcriber_cancels_the_decodes_still_waiting(test_audio):
+    from voice_app.speech.asr import Transcriber
+
+    transcriber = Transcriber("tiny.en", cpu_threads=1)
+    clip = resample(int16_to_float(test_audio["greeting"]), WIRE_RATE, ASR_RATE)
+    gate = threading.Event()
+
+    async def scenario() -> list:
+        transcriber._pool.submit(0.0, gate.wait)  # the worker busy: the decodes wait
+        waiting = [asyncio.ensure_future(transcriber.transcribe(clip, final)) for final in (False, True, False)]
+        await asyncio.sleep(0.05)
+        transcriber.close()
+        gate.set()
+        late = asyncio.ensure_future(transcriber.transcribe(clip))  # after close: refused, not left hanging
+        return await asyncio.wait_for(asyncio.gather(*waiting, late, return_exceptions=True), timeout=30)
+
+    outcomes = asyncio.run(scenario())
+    assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes)
