@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -72,9 +73,9 @@ class Transcriber:
         self._lock = threading.Lock()
         self._queued = 0
         # urgency: finals (someone waits to be answered) before partials
-        self._finals = WaitingBatch(self._pool, 0.0, lambda audios: self.transcribe_finals(audios), MAX_BATCH, "finals")
-        self._partials = WaitingBatch(self._pool, 1.0, lambda audios: self.transcribe_partials(audios), MAX_BATCH,
-                                      "partials")
+        self._finals = WaitingBatch(self._pool, 0.0, lambda audios: self.finals_as_ready(audios), MAX_BATCH, "finals")
+        self._partials = WaitingBatch(self._pool, 1.0, lambda audios: enumerate(self.transcribe_partials(audios)),
+                                      MAX_BATCH, "partials")
 
     @property
     def live_jobs(self) -> int:
@@ -97,17 +98,29 @@ class Transcriber:
         return [collapse_repetitions(text) for (text, _), _ in self._decode_each_alone(audios, 1)]
 
     def transcribe_finals(self, audios: list[np.ndarray]) -> list[str]:
-        """Turns' closing transcripts: beam search, and faster-whisper's fallback to sampling for
-        a decode that looks failed (one utterance at a time: it is rare)."""
-        texts = []
-        for first, features in self._decode_each_alone(audios, self.final_beam):
+        """Turns' closing transcripts (`finals_as_ready`), in order."""
+        texts = [""] * len(audios)
+        for index, text in self.finals_as_ready(audios):
+            texts[index] = text
+        return texts
+
+    def finals_as_ready(self, audios: list[np.ndarray]) -> Iterator[tuple[int, str]]:
+        """(index, closing transcript) of each utterance: beam search, and faster-whisper's
+        fallback to sampling for a decode that looks failed. Those that decoded well come first:
+        the rare retries (one utterance at a time) keep no one else waiting."""
+        retries = []
+        for index, (first, features) in enumerate(self._decode_each_alone(audios, self.final_beam)):
+            if features is None or not looks_failed(*first):
+                yield index, collapse_repetitions(first[0])
+            else:
+                retries.append((index, first, features))
+        for index, first, features in retries:
             attempts = [first]
-            for temperature in FALLBACK_TEMPERATURES if features is not None else ():
+            for temperature in FALLBACK_TEMPERATURES:
+                attempts.append(self._decode_window(features, 1, temperature))
                 if not looks_failed(*attempts[-1]):
                     break
-                attempts.append(self._decode_window(features, 1, temperature))
-            texts.append(collapse_repetitions(best_attempt(attempts)))
-        return texts
+            yield index, collapse_repetitions(best_attempt(attempts))
 
     def _decode_each_alone(self, audios: list[np.ndarray],
                            beam: int) -> list[tuple[tuple[str, float | None], np.ndarray | None]]:

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -24,9 +24,11 @@ log = logging.getLogger(__name__)
 
 
 class WaitingBatch:
-    """decode(audios) -> their texts, in order; key: the pool's urgency of this kind's jobs."""
+    """decode(audios) -> (index, text) of each, as each is ready; key: the pool's urgency of
+    this kind's jobs."""
 
-    def __init__(self, pool: PriorityPool, key: float, decode: Callable[[list[np.ndarray]], list[str]],
+    def __init__(self, pool: PriorityPool, key: float,
+                 decode: Callable[[list[np.ndarray]], Iterable[tuple[int, str]]],
                  max_batch: int, kind: str):
         self._pool, self._key, self._decode = pool, key, decode
         self.max_batch, self.kind = max_batch, kind
@@ -60,14 +62,18 @@ class WaitingBatch:
         if not batch:
             return
         log.debug("asr queue wait %.0f ms (%d %s)", (time.monotonic() - batch[0][2]) * 1000, len(batch), self.kind)
+        futures = [future for _, future, _ in batch]
         try:
-            texts = self._decode([audio for audio, _, _ in batch])
-        except BaseException as exc:  # every waiter hears it; the worker goes on
-            for _, future, _ in batch:
-                future.set_exception(exc)
+            for index, text in self._decode([audio for audio, _, _ in batch]):
+                futures[index].set_result(text)  # at once: the others' retries are not its wait
+        except BaseException as exc:  # every waiter not answered yet hears it; the worker goes on
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
             return
-        for (_, future, _), text in zip(batch, texts):
-            future.set_result(text)
+        for future in futures:
+            if not future.done():
+                future.set_exception(RuntimeError("the decode gave this utterance no transcript"))
 
     def cancel(self) -> None:
         """Cancels the decodes still waiting (the pool is being shut down)."""

@@ -23,7 +23,7 @@ def test_decodes_that_wait_together_are_made_in_one_call_with_the_words_of_each_
     clips = {name: resample(int16_to_float(test_audio[name]), WIRE_RATE, ASR_RATE) for name in NAMES}
     alone = {name: transcriber.transcribe_blocking(clip, final) for name, clip in clips.items()}
     batches: list[int] = []
-    method = "transcribe_finals" if final else "transcribe_partials"
+    method = "finals_as_ready" if final else "transcribe_partials"
     decode = getattr(transcriber, method)
     monkeypatch.setattr(transcriber, method, lambda audios: batches.append(len(audios)) or decode(audios))
     gate = threading.Event()
