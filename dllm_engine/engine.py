@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from dllm_engine import calibration
+from dllm_engine import calibration, chat_prompts
 from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, make_policy
 from dllm_engine.decoding.factory import make_decoder
 from dllm_engine.decoding.suffix_drafts import DraftChooser, RecentReplies
@@ -186,32 +186,10 @@ class Engine:
 
     def end_of_turn_prompt(self, messages: list[dict]) -> tuple[list[int], int]:
         """(prompt ids up to the end of the last message's text, the end-of-turn token after it)."""
-        marker = "\u2063EOT\u2063"  # invisible separator: never in a transcript
-        if not messages or not isinstance(messages[-1].get("content"), str):
-            raise EngineError("end_of_turn_prompt needs messages ending with a text message")
-        marked = messages[:-1] + [{**messages[-1], "content": messages[-1]["content"] + marker}]
-        try:
-            head, _, tail = self.tokenizer.render_chat(marked, add_generation_prompt=False).partition(marker)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
-        tail_ids = self.tokenizer.encode(tail)
-        if not tail_ids:
-            raise EngineError("the chat template puts nothing after a message: no end-of-turn token to score")
-        return self.tokenizer.encode(head), tail_ids[0]
+        return chat_prompts.end_of_turn_prompt(self.tokenizer, messages)
 
     def prompt_ids(self, prompt: str | list[dict] | list[int], raw: bool) -> list[int]:
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            if not all(0 <= t < self.config.vocab_size for t in prompt):
-                raise EngineError(f"prompt token ids must be in 0..{self.config.vocab_size - 1}")
-            return list(prompt)  # token ids, as they are
-        if isinstance(prompt, str):
-            if raw:
-                return self.tokenizer.encode(prompt)
-            prompt = [{"role": "user", "content": prompt}]
-        try:
-            return self.tokenizer.encode(self.tokenizer.render_chat(prompt))
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
+        return chat_prompts.prompt_ids(self.tokenizer, self.config.vocab_size, prompt, raw)
 
     def submit(self, prompt: str | list[dict] | list[int], params: GenerationParams | None = None) -> RequestHandle:
         """prompt: a user message, a conversation (rendered with the chat template), or token ids."""
