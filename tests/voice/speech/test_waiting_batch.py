@@ -3,7 +3,9 @@ answered as soon as its own text is ready."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -12,9 +14,23 @@ from voice_app.speech.decode_batches import WaitingBatch
 from voice_app.speech.workers import PriorityPool
 
 
-def test_waiters_share_one_job_and_each_is_answered_when_its_text_is_ready():
+@contextlib.contextmanager
+def held_worker() -> Iterator[tuple[PriorityPool, threading.Event]]:
+    """A one-worker pool whose worker is busy until the gate opens: what is added meanwhile waits."""
     pool = PriorityPool(1, "test")
-    gate, retry_done = threading.Event(), threading.Event()
+    gate = threading.Event()
+    blocker = pool.submit(0.0, gate.wait)
+    try:
+        yield pool, gate
+        gate.set()
+        blocker.result(timeout=10)
+    finally:
+        gate.set()
+        pool.shutdown()
+
+
+def test_waiters_share_one_job_and_each_is_answered_when_its_text_is_ready():
+    retry_done = threading.Event()
     calls: list[int] = []
 
     def decode(audios):
@@ -23,9 +39,8 @@ def test_waiters_share_one_job_and_each_is_answered_when_its_text_is_ready():
         retry_done.wait(10)  # the first one's retries take their time
         yield 0, "first, after a retry"
 
-    batch = WaitingBatch(pool, 1.0, decode, max_batch=8, kind="test")
-    try:
-        blocker = pool.submit(0.0, gate.wait)  # the worker busy: both wait
+    with held_worker() as (pool, gate):
+        batch = WaitingBatch(pool, 1.0, decode, max_batch=8, kind="test")
         first, second = batch.add(np.zeros(1)), batch.add(np.zeros(2))
         gate.set()
         assert second.result(timeout=10) == "second, decoded well"
@@ -33,22 +48,15 @@ def test_waiters_share_one_job_and_each_is_answered_when_its_text_is_ready():
         retry_done.set()
         assert first.result(timeout=10) == "first, after a retry"
         assert calls == [2]
-        blocker.result(timeout=10)
-    finally:
-        pool.shutdown()
 
 
 def test_a_failed_decode_reaches_every_waiter_not_answered_and_one_left_out_is_told():
-    pool = PriorityPool(1, "test")
-    gate = threading.Event()
-
     def decode(audios):
         yield 0, "fine"
         if len(audios) == 3:
             raise ValueError("the model broke")
 
-    try:
-        pool.submit(0.0, gate.wait)
+    with held_worker() as (pool, gate):
         batch = WaitingBatch(pool, 1.0, decode, 8, "test")
         futures = [batch.add(np.zeros(1)) for _ in range(3)]
         gate.set()
@@ -60,25 +68,18 @@ def test_a_failed_decode_reaches_every_waiter_not_answered_and_one_left_out_is_t
         left_out = [short.add(np.zeros(1)) for _ in range(2)][1]  # the decode yields only index 0
         with pytest.raises(RuntimeError, match="no transcript"):
             left_out.result(timeout=10)
-    finally:
-        pool.shutdown()
 
 
 def test_more_waiters_than_a_batch_take_further_jobs():
-    pool = PriorityPool(1, "test")
-    gate = threading.Event()
     sizes: list[int] = []
 
     def decode(audios):
         sizes.append(len(audios))
         return enumerate(str(len(a)) for a in audios)
 
-    batch = WaitingBatch(pool, 1.0, decode, max_batch=2, kind="test")
-    try:
-        pool.submit(0.0, gate.wait)
+    with held_worker() as (pool, gate):
+        batch = WaitingBatch(pool, 1.0, decode, max_batch=2, kind="test")
         futures = [batch.add(np.zeros(n)) for n in range(1, 6)]
         gate.set()
         assert [f.result(timeout=10) for f in futures] == ["1", "2", "3", "4", "5"]
         assert sizes == [2, 2, 1]
-    finally:
-        pool.shutdown()
