@@ -77,6 +77,7 @@ class UserTurn:
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     stable_sent: str = ""
     transcriptions: list[tuple[int, asyncio.Task]] = field(default_factory=list)  # (audio end, decode)
+    closing_decodes: set[asyncio.Task] = field(default_factory=set)  # made at pauses, for the transcript
     barged_in: bool = False
     speech_ms: int = 0  # its speech so far, up to the last speech window
     # silence Whisper gets before the turn's audio: the part of the prefix padding the stream
@@ -86,6 +87,12 @@ class UserTurn:
     def padded(self, audio: np.ndarray) -> np.ndarray:
         return np.concatenate([np.zeros(self.lead_pad, dtype=np.float32), audio]) if self.lead_pad else audio
 
+    def remember(self, end: int, decode: asyncio.Task, closing: bool) -> None:
+        """Keeps the last four decodes for reuse; `closing`: made at a pause, for the transcript."""
+        self.transcriptions = self.transcriptions[-3:] + [(end, decode)]
+        kept = {task for _, task in self.transcriptions}
+        self.closing_decodes = (self.closing_decodes & kept) | ({decode} if closing else set())
+
     def transcription_of(self, end: int) -> asyncio.Task | None:
         """A decode of exactly the turn's audio up to `end` (not failed)."""
         same = [task for until, task in self.transcriptions if until == end
@@ -94,9 +101,22 @@ class UserTurn:
 
     def transcription_covering(self, sample: int) -> asyncio.Task | None:
         """A decode that heard the turn up to `sample`: a finished one if any, else one running."""
-        covering = [task for end, task in self.transcriptions if end >= sample]
+        covering = [task for end, task in self.transcriptions if end >= sample and not task.cancelled()]
         finished = [task for task in covering if task.done() and task.exception() is None]
         return (finished or covering or [None])[-1]
+
+    def drop_closing_decodes(self, transcript_end: int) -> None:
+        """Speech went on past a pause: the decode made there for the turn's transcript cannot be
+        it any more (the transcript's audio now ends at `transcript_end` or later). It is a beam
+        search, the costliest job in the Whisper queue every session shares: cancelled, so no
+        worker takes it if none has yet, and forgotten, so no later caller awaits it."""
+        stale = {task for end, task in self.transcriptions if end < transcript_end and task in self.closing_decodes}
+        if not stale:
+            return
+        for task in stale:
+            task.cancel()
+        self.closing_decodes -= stale
+        self.transcriptions = [(end, task) for end, task in self.transcriptions if task not in stale]
 
 
 class TurnHooks(Protocol):
@@ -170,6 +190,7 @@ class Listener:
                 if self._rules.enabled:
                     await self._on_turn_event(turn_event)
             if self._rules.enabled and self.turn is not None:
+                self.turn.drop_closing_decodes(self._detector.last_speech_sample + FINAL_TAIL_SAMPLES)
                 self.turn.speech_ms = self._detector.speech_ms()
                 await self._hooks.on_user_speaking(self.turn, self.turn.speech_ms)
         if self.turn is None and self._rules.enabled:
@@ -269,13 +290,13 @@ class Listener:
         if self._buffer.start > turn.start_sample:
             return ""
         end = min(end, self._buffer.end)
-        same = turn.transcription_of(end)
+        same = turn.transcription_of(end) if final else None  # (a partial never awaits a decode that may be dropped)
         if same is not None:
             return await asyncio.shield(same)
         audio = self._buffer.slice(turn.start_sample, end)
         started = time.monotonic()
         task = self._start_decode(turn.padded(audio), final=final)
-        turn.transcriptions = turn.transcriptions[-3:] + [(end, task)]
+        turn.remember(end, task, closing=final)
         text = await asyncio.shield(task)
         log.debug("session %s: %.1f s of speech transcribed in %.0f ms: %r", self._session_id,
                   len(audio) / ASR_RATE, (time.monotonic() - started) * 1000, text)
@@ -325,7 +346,7 @@ class Listener:
         from_partial = text is not None
         if text is None:
             text = await asyncio.shield(final_decode)
-        if turn is not self.turn:
+        if turn is not self.turn or text is None:
             return
         self._hooks.on_interim_transcript(text)
         if self._judge is None or not self._rules.semantic:
@@ -334,7 +355,7 @@ class Listener:
             # the partial may have missed the last word ("... 2 plus" for "... 2 plus 2?"): the
             # decode up to the tail hears it all; judged again if it heard more
             final_text = await asyncio.shield(final_decode)
-            if final_text != text and turn is self.turn:
+            if final_text is not None and final_text != text and turn is self.turn:
                 self._hooks.on_interim_transcript(final_text)
                 await self._judge_words(turn, speech_end, final_text)
 
@@ -362,7 +383,7 @@ class Listener:
         # which the length rule would take for a hum; that rule waits for the turn's end
         return self._hooks.reply_paused() and is_false_interruption(text)
 
-    async def _decode_until_tail(self, turn: UserTurn, speech_end: int) -> str:
+    async def _decode_until_tail(self, turn: UserTurn, speech_end: int) -> str | None:
         """The decode the final transcript reuses if the turn ends at this pause: exactly its
         audio, up to the final tail (a few ms of live input away), never up to wherever a chunk
         happened to end. Waits for that tail at most as long as it takes to come live, plus
@@ -378,7 +399,10 @@ class Listener:
                 break
         if turn is not self.turn:
             return ""  # it ended meanwhile: the final transcript decodes its own audio
-        return await self._transcribe(turn, final_end, final=True)  # the final transcript if the turn ends here
+        if self._detector.last_speech_sample != speech_end:
+            return None  # speech went on: this pause does not end the turn
+        # the final transcript if the turn ends here (dropped, and this task cancelled, if speech goes on)
+        return await self._transcribe(turn, final_end, final=True)
 
     def _start_decode(self, audio: np.ndarray, final: bool = False) -> asyncio.Task:
         task = asyncio.ensure_future(self._decode(audio, final))

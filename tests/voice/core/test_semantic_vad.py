@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import asyncio
+
 from voice_app.core.options import COMPLETE_SILENCE_MS, EAGERNESS_MAX_SILENCE_MS
 from voice_app.core.turns import UserTurn
 
 from ..clients import silence, stream_audio
-from ..fakes import WORD_S
+from ..fakes import WORD_S, ScriptedModels, ScriptedTranscriber
 from .test_session import is_done, make_session
 
 QUESTION = "What is the capital of Spain?"
@@ -43,6 +45,49 @@ async def test_a_thinking_pause_mid_sentence_stays_one_turn():
     assert "What is the capital of" not in models.engine.judged  # unfinished by its last word: no pass
     users = [i.text for i in session.conversation.items if i.role == "user"]
     assert users == [QUESTION] and len(log.of_type("input_audio_buffer.speech_stopped")) == 1
+    await session.close()
+
+
+class HeldFinals(ScriptedTranscriber):
+    """Final-quality decodes wait in the queue until `release`; a cancelled one is dropped from it."""
+
+    def __init__(self, speech):
+        super().__init__(speech)
+        self.release = asyncio.Event()
+        self.held, self.dropped = asyncio.Event(), asyncio.Event()
+        self.dropped_words: list[str] = []
+
+    async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
+        if final and not self.release.is_set():
+            self.held.set()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.dropped_words.append(self._speech.hear(audio_16k))
+                self.dropped.set()
+                raise
+        return await super().transcribe(audio_16k, final)
+
+
+async def test_a_pause_the_speaker_talks_through_drops_its_waiting_final_decode():
+    # under load the decode made at a pause (beam search) waits for the shared Whisper worker;
+    # once the speaker goes on it can no longer be the transcript, and must not hold the queue
+    models = ScriptedModels()
+    models.transcriber = HeldFinals(models.speech)
+    session, log, _ = make_session(models, turn_detection="semantic_vad")
+    words = models.speech.say(QUESTION)
+    head = int(5 * WORD_S * 24000)
+    await speak(session, np.concatenate([words[:head], silence(0.3)]))
+    await asyncio.wait_for(models.transcriber.held.wait(), 5)
+    assert not models.transcriber.dropped.is_set()  # a pause alone keeps it
+    await speak(session, words[head:])
+    await asyncio.wait_for(models.transcriber.dropped.wait(), 5)
+    assert models.transcriber.dropped_words == ["What is the capital of"]
+    models.transcriber.release.set()
+    await speak(session, silence(0.4))
+    await log.wait_for(is_done())
+    assert [i.text for i in session.conversation.items if i.role == "user"] == [QUESTION]
+    assert len(log.of_type("input_audio_buffer.speech_stopped")) == 1
     await session.close()
 
 

@@ -83,3 +83,19 @@ def test_more_waiters_than_a_batch_take_further_jobs():
         gate.set()
         assert [f.result(timeout=10) for f in futures] == ["1", "2", "3", "4", "5"]
         assert sizes == [2, 2, 1]
+
+
+def test_a_waiter_cancelled_before_the_worker_takes_it_is_not_decoded():
+    decoded: list[int] = []
+
+    def decode(audios):
+        decoded.extend(len(a) for a in audios)
+        return enumerate(str(len(a)) for a in audios)
+
+    with held_worker() as (pool, gate):
+        batch = WaitingBatch(pool, 0.0, decode, max_batch=8, kind="test")
+        stale, wanted = batch.add(np.zeros(1)), batch.add(np.zeros(2))
+        assert stale.cancel()  # a pause the speaker talked through
+        gate.set()
+        assert wanted.result(timeout=10) == "2"
+        assert decoded == [2]
