@@ -179,7 +179,10 @@ class EndOfTurnJudge:
             return None
         if not final.token_probs:
             return None
-        log.debug("p(end of turn | %r) = %.3f", text, final.token_probs[0])
+        stats = final.stats
+        log.debug("p(end of turn | %r) = %.3f (%d of %d prompt tokens cached, %d passes, %.0f ms in the engine)",
+                  text, final.token_probs[0], stats.cached_prompt_tokens, stats.prompt_tokens, stats.forward_passes,
+                  stats.elapsed_s * 1000)
         return final.token_probs[0]
 
 
