@@ -3,10 +3,10 @@ unfinished may pause longer and stays one turn; server_vad keeps its fixed silen
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
-
-import asyncio
 
 from voice_app.core.options import COMPLETE_SILENCE_MS, EAGERNESS_MAX_SILENCE_MS
 from voice_app.core.turns import UserTurn
