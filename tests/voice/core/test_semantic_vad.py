@@ -91,6 +91,20 @@ async def test_a_pause_the_speaker_talks_through_drops_its_waiting_final_decode(
     await session.close()
 
 
+async def test_a_pause_whose_speech_went_on_before_its_decode_was_asked_makes_none():
+    # the task that makes a pause's decode may run after the speaker has gone on
+    models = ScriptedModels()
+    session, _, _ = make_session(models, turn_detection="semantic_vad")
+    words = models.speech.say(QUESTION)
+    await speak(session, words[:int(3 * WORD_S * 24000)])  # still speaking: no pause yet
+    listener = session.listener
+    assert listener.turn is not None
+    went_on_from = listener._detector.last_speech_sample - 2048  # a pause that speech has since passed
+    assert await listener._decode_until_tail(listener.turn, went_on_from) is None
+    assert models.transcriber.finals == 0 and not listener.turn.closing_decodes
+    await session.close()
+
+
 async def test_an_unfinished_turn_still_ends_at_the_eagerness_limit():
     session, log, models = make_session(turn_detection="semantic_vad", eagerness="high")
     words = models.speech.say(QUESTION)
