@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from dllm_engine.bench_report import format_table, write_docs
-from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import Segment
 from dllm_engine.request import GenerationParams
 
 BENCH_PROMPTS = [
@@ -222,10 +223,10 @@ def _pass_segments(engine, cache, context: int, mask: int, n: int) -> list[Segme
     return [Segment(torch.arange(n) + 42, context, cache, context + n)]  # a verify pass: causal
 
 
-def filled_cache(engine, context: int, spare: int) -> KVCache:
+def filled_cache(engine, context: int, spare: int) -> BlockTable:
     """A cache holding `context` tokens of filler (written by one pass), with room for `spare` more."""
     config = engine.config
-    cache = KVCache(config, context + spare, engine.cache_dtype, engine.device)
+    cache = BlockTable.standalone(config, context + spare, engine.cache_dtype, engine.device)
     filler = (torch.arange(context) % 1000 + 100) % config.vocab_size
     with torch.inference_mode():
         engine._runner.pass_.forward([Segment(filler, 0, cache, context)], [context - 1])
@@ -316,7 +317,7 @@ def run_bench(args) -> int:
     # no prefix cache and no recent replies to draft from: every run repeats the same prompts,
     # and a copied prompt (or reply) would time the copy instead of what a new conversation pays
     engine = Engine.load(args.model, dtype=args.dtype, download=args.download, device=args.device,
-                         backend=args.backend, prefix_cache_entries=0, recent_replies=0, activations=args.activations,
+                         backend=args.backend, share_prefixes=False, recent_replies=0, activations=args.activations,
                          kernel=args.kernel, kv_cache=args.kv_cache)
     prompts = BENCH_PROMPTS[: max(1, args.prompts)]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]

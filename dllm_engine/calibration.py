@@ -18,7 +18,8 @@ import torch
 from dllm_engine.decoding import StepPlan, Target
 from dllm_engine.decoding.step_costs import StepCosts
 from dllm_engine.decoding.suffix_drafts import RecentReplies
-from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import Segment
 from dllm_engine.request import GenerationParams
 
 if TYPE_CHECKING:
@@ -58,19 +59,19 @@ def reply_speeds(engine: "Engine", template: GenerationParams, new_tokens: int, 
     return speeds
 
 
-def filled_cache(engine: "Engine", context: int, rows: int) -> KVCache:
+def filled_cache(engine: "Engine", context: int, rows: int) -> BlockTable:
     """A request cache (the head's layers included) whose first `context` positions hold a
     prefilled filler prompt, with room for a verify pass of `rows` and the head's block."""
     head = engine.loaded.draft_head
-    cache = KVCache(engine.config, context + rows + head.spec.block_size + 1, engine.cache_dtype, engine.device,
-                    extra_layers=head.cache_layers)
+    cache = BlockTable.standalone(engine.config, context + rows + head.spec.block_size + 1, engine.cache_dtype,
+                                  engine.device, extra_layers=head.cache_layers)
     filler = ((torch.arange(context) % 1000 + 100) % engine.config.vocab_size).tolist()
     engine._runner.run([StepPlan([Segment(torch.tensor(filler), 0, cache, context, "causal")],
                                  [Target(0, context - 1, 0)], tap_rows=list(range(context)))], [(0.0, None)])
     return cache
 
 
-def verify_plan(cache: KVCache, context: int, rows: int) -> StepPlan:
+def verify_plan(cache: BlockTable, context: int, rows: int) -> StepPlan:
     """A draft-head step's target pass: `rows` causal rows after the context, every row tapped."""
     return StepPlan([Segment(torch.arange(rows) + FIRST_TOKEN, context, cache, context + rows, "causal")],
                     [Target(0, r, r) for r in range(rows)], tap_rows=list(range(rows)))

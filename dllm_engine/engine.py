@@ -6,7 +6,7 @@ thread), the scheduler (scheduler.py: admission, batch choice, commits, finishin
 model runner (runner.py: packing, the forward pass, the output head, sampling). One step is
 `scheduler.schedule()` -> `runner.run()` -> `scheduler.postprocess()`.
 
-All of the engine's torch work (loading, cache allocation, forward passes) runs off the
+All of the engine's torch work (loading, forward passes) runs off the
 caller's thread: torch's CPU ops parallelise with OpenMP (libgomp), which keeps a worker pool
 per thread that ever ran a parallel region. Once the caller's pool and the scheduler's pool
 both exist there are more workers than cores, libgomp stops spin-waiting, and every parallel
@@ -34,8 +34,8 @@ from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, make_poli
 from dllm_engine.decoding.factory import make_decoder
 from dllm_engine.decoding.suffix_drafts import DraftChooser, RecentReplies
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
-from dllm_engine.memory import release_free_memory
 from dllm_engine.models.families import FAMILIES
+from dllm_engine.models.kv_pool import KVPool, PoolFull
 from dllm_engine.request import (DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle,
                                  RequestStats)
 from dllm_engine.resolve import resolve_activations, resolve_device, resolve_dtype, resolve_kv_cache, resolve_pass
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BACKGROUND_EVERY", "Engine"]
 
-TRIM_EVERY_S = 5.0  # an idle engine hands freed memory back at most this often
 # prompt tokens a request prefills in one pass: a longer prompt takes several passes, so the
 # replies batched with it wait for one chunk, not the whole prefill. 64 measured best on two
 # cores (docs/benchmarks.md, "Chunked prefill"): larger chunks stall the batch longer and, their
@@ -57,7 +56,7 @@ PREFILL_CHUNK = 64
 class Engine:
     def __init__(self, loaded: LoadedModel, max_live_requests: int = 32, max_cached_tokens: int = 131072,
                  clock: Callable[[], float] = time.monotonic, kv_cache: str = "auto",
-                 prefix_cache_entries: int = 16, backend: str = "auto", activations: str = "auto",
+                 share_prefixes: bool = True, backend: str = "auto", activations: str = "auto",
                  kernel: str = "auto", prefill_chunk: int = PREFILL_CHUNK, continuations: bool = True,
                  recent_replies: int = 64):
         self.loaded = loaded
@@ -80,18 +79,21 @@ class Engine:
             kept = (loaded.draft_head_meta.get("held_out") or {}).get("by_offset") or []
             self.draft_chooser = DraftChooser(loaded.reply_corpus, list(kept), recent=RecentReplies(recent_replies))
         self.cache_dtype = resolve_kv_cache(kv_cache, self.backend, self.activations, self.model.embed_tokens.dtype)
+        # every request's keys and values: max_cached_tokens positions in blocks (kv_pool.py)
+        head = loaded.draft_head
+        self.kv_pool = KVPool.for_tokens(self.config, max_cached_tokens, self.cache_dtype, self.device,
+                                         extra_layers=head.cache_layers if head is not None else 0)
         # what mode="auto" runs: diffusion where the model has it, until choose_mode measures
         self.auto_mode: Mode = "diffusion" if self.config.is_diffusion else "autoregressive"
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
         self._incoming: list[LiveRequest] = []
-        self._admitting: list[LiveRequest] = []  # taken from _incoming, cache not yet allocated
+        self._admitting: list[LiveRequest] = []  # taken from _incoming, not yet live
         self._calls: list[Callable[[], None]] = []  # work for the scheduler thread between steps
         self._closing = False
         self._failure: str | None = None  # why the scheduler thread died, if it did
         self.last_step_at: float | None = None
-        self._trimmed_at = clock()
-        self.scheduler = Scheduler(self.tokenizer.decode, clock, prefix_cache_entries, on_greedy_reply=self._keep_reply)
+        self.scheduler = Scheduler(self.tokenizer.decode, clock, share_prefixes, on_greedy_reply=self._keep_reply)
         self._runner: ModelRunner | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
@@ -142,8 +144,13 @@ class Engine:
 
     @property
     def kv_cache_bytes(self) -> int:
-        """Bytes of keys and values held now (Scheduler.kv_cache_bytes)."""
-        return self.scheduler.kv_cache_bytes()
+        """Bytes of the KV pool's blocks in use: listed by live requests, or cached for later prompts."""
+        stats = self.kv_pool.stats()
+        return (stats["held"] + stats["idle"]) * stats["block_bytes"]
+
+    def kv_stats(self) -> dict[str, int]:
+        """The KV pool's blocks (KVPool.stats)."""
+        return self.kv_pool.stats()
 
     @property
     def alive(self) -> bool:
@@ -200,21 +207,24 @@ class Engine:
         ids = self.prompt_ids(prompt, params.raw)
         if not ids:
             raise EngineError("the prompt is empty")
-        request = self._make_request(ids, params)
-        with self._lock:
-            if self._failure:
-                raise EngineError(f"the engine failed and takes no requests: {self._failure}")
-            if self._closing:
-                raise EngineError("the engine is closed")
-            live = self._pending() + list(self.scheduler.live)
-            if len(live) >= self.max_live_requests:
-                raise EngineOverloaded(f"{len(live)} live requests: the engine's limit is {self.max_live_requests}")
-            cached = sum(r.decoder.cache.max_len for r in live if r.decoder.cache is not None)
-            cached += request.decoder.cache.max_len
-            if cached > self.max_cached_tokens:
-                raise EngineOverloaded(f"{cached} cached tokens would exceed the limit of {self.max_cached_tokens}")
-            self._incoming.append(request)
-            self._lock.notify()
+        try:
+            request = self._make_request(ids, params)  # reserves the blocks of its longest reply
+        except PoolFull as exc:
+            raise EngineOverloaded(str(exc)) from exc
+        try:
+            with self._lock:
+                if self._failure:
+                    raise EngineError(f"the engine failed and takes no requests: {self._failure}")
+                if self._closing:
+                    raise EngineError("the engine is closed")
+                live = len(self._pending()) + len(self.scheduler.live)
+                if live >= self.max_live_requests:
+                    raise EngineOverloaded(f"{live} live requests: the engine's limit is {self.max_live_requests}")
+                self._incoming.append(request)
+                self._lock.notify()
+        except EngineError:
+            request.decoder.cache.release()
+            raise
         return request.handle
 
     def generate(self, prompt: str | list[dict], params: GenerationParams | None = None) -> DraftUpdate:
@@ -307,7 +317,7 @@ class Engine:
     # ---- request setup ---------------------------------------------------------------------
     def _make_request(self, ids: list[int], params: GenerationParams) -> LiveRequest:
         config = self.config
-        decoder = make_decoder(self.loaded, ids, params, self.cache_dtype, self.device, self.draft_chooser)
+        decoder = make_decoder(self.loaded, ids, params, self.kv_pool, self.draft_chooser)
         decoder.prefill_chunk = self.prefill_chunk
         block = decoder.block_size
         family = FAMILIES.get(config.family)
@@ -353,9 +363,6 @@ class Engine:
 
     def _loop_once(self) -> bool:
         """One round: take new requests, drop cancelled ones, run one step; False once closed."""
-        if not self.scheduler.live and self.clock() - self._trimmed_at >= TRIM_EVERY_S:
-            release_free_memory()  # idle: the ended requests' caches go back to the OS (memory.py)
-            self._trimmed_at = self.clock()
         with self._lock:
             while not self.scheduler.live and not self._incoming and not self._closing and not self._calls:
                 self._lock.wait()
@@ -368,7 +375,7 @@ class Engine:
                 self.scheduler.close(pending)
                 return False
             self._admitting, self._incoming = self._incoming, []
-        for request in self._admitting:  # cache allocation and prefix copies: outside the lock
+        for request in self._admitting:  # shared prompt heads and their copies: outside the lock
             self.scheduler.admit(request)
         with self._lock:
             self._admitting = []

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from dllm_engine.decoding import StepPlan, pick_tokens
 from dllm_engine.models.heads import split_head
-from dllm_engine.models.transformer import KVCache, Segment, Transformer
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import Segment, Transformer
 from dllm_engine.resolve import resolve_activations
 from kernels import confidence_head
 
@@ -79,9 +80,9 @@ class ForwardPass(Protocol):
 class DraftStep(Protocol):
     """A draft head's step (TorchDraftHead, dllm_engine.models.fused_cpu.FusedDraftHead)."""
 
-    def write_context(self, runs: list[tuple[Tensor, int, KVCache]]) -> None: ...
+    def write_context(self, runs: list[tuple[Tensor, int, BlockTable]]) -> None: ...
 
-    def draft(self, blocks: list[tuple[int, int, KVCache]]) -> list[list[int]]: ...
+    def draft(self, blocks: list[tuple[int, int, BlockTable]]) -> list[list[int]]: ...
 
 
 class TorchDraftHead:
@@ -170,7 +171,7 @@ class ModelRunner:
                 offset += count
         return tokens.tolist(), confidence, probs  # one host read for the batch (a device sync on a GPU)
 
-    def draft(self, requests: list[tuple[list[tuple[Tensor, int]], KVCache, int | None, int | None]]
+    def draft(self, requests: list[tuple[list[tuple[Tensor, int]], BlockTable, int | None, int | None]]
               ) -> list[list[int] | None]:
         """The draft head's step for requests (their new contexts as (features, first position),
         the request's cache, the exact token a block starts with and its position, or None):

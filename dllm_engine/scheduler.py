@@ -16,7 +16,6 @@ import torch
 from dllm_engine.decoding import BlockCausalDecoder, DeadlineController, FullAttentionDecoder, StepPlan
 from dllm_engine.decoding.batch_commit import Choice, choose_commits
 from dllm_engine.detokenize import IncrementalText
-from dllm_engine.prefix_cache import PrefixStore
 from dllm_engine.request import DraftUpdate, GenerationParams, RequestHandle, RequestStats
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,7 @@ class PendingStep:
 
 
 class Scheduler:
-    def __init__(self, decode: Callable[[list[int]], str], clock: Callable[[], float], prefix_cache_entries: int,
+    def __init__(self, decode: Callable[[list[int]], str], clock: Callable[[], float], share_prefixes: bool = True,
                  on_greedy_reply: Callable[[list[int], list[int]], None] | None = None):
         self.decode = decode
         self.clock = clock
@@ -65,31 +64,30 @@ class Scheduler:
         self.on_greedy_reply = on_greedy_reply
         self.live: list[LiveRequest] = []
         self.passes = 0
-        # copies of ended requests' written cache slots, for prompts that start the same
-        # (at most 256 MiB, held beyond the engine's max_cached_tokens)
-        self.prefixes = PrefixStore(prefix_cache_entries)
+        # whether a prompt lists the KV pool's published blocks of its head (kv_pool.py)
+        self.share_prefixes = share_prefixes
 
     # ---- admission and batch choice ----------------------------------------------------------
     def admit(self, request: LiveRequest) -> None:
-        """Allocate the request's KV cache, copy a cached prompt head into it, make it live."""
-        try:
-            request.decoder.cache.allocate()
-        except (RuntimeError, MemoryError) as exc:  # torch reports allocation failure as RuntimeError
-            self.finish(request, "error", error=f"could not allocate the KV cache: {exc}")
-            return
+        """List the pool's blocks of the prompt's head in the request's table, make it live."""
         decoder = request.decoder
-        if decoder.reusable_cache:
-            reused = self.prefixes.take(decoder.prompt_ids, decoder.cache, len(decoder.prompt_ids) - 1)
+        if self.share_prefixes and decoder.reusable_cache:
+            cache = decoder.cache
+            reused = self._guarded(request, cache.pool.attach_prefix, cache, decoder.prompt_ids,
+                                   len(decoder.prompt_ids) - 1, cache.has_head)
+            if reused is None:
+                return  # ended with an error
             if reused:
                 decoder.reuse_prefix(reused)
                 request.stats.cached_prompt_tokens = reused
         self.live.append(request)
 
-    def kv_cache_bytes(self) -> int:
-        """Every live request's cache and the prefix store's copies (read from any thread: a
-        cache freed meanwhile is simply not counted)."""
-        caches = [request.decoder.cache for request in list(self.live)]
-        return self.prefixes.bytes + sum(cache.bytes for cache in caches if cache is not None)
+    def publish_blocks(self, request: LiveRequest, ended: bool = False) -> None:
+        """Offers the request's blocks whose keys and values became final to later prompts."""
+        decoder, cache = request.decoder, request.decoder.cache
+        final = decoder.final_len()
+        if cache is not None and final and (final // cache.pool.block_tokens > len(cache.keys) or ended):
+            cache.pool.publish(cache, decoder.cached_token_ids(), final, cache.has_head, ended=ended)
 
     def drop_cancelled(self) -> None:
         for request in [r for r in self.live if r.handle.cancelled]:
@@ -172,6 +170,7 @@ class Scheduler:
         if decoder.finished:
             self.finish(request, decoder.finish_reason)
         else:
+            self.publish_blocks(request)
             self.publish(request, final=False)
 
     def _guarded(self, request: LiveRequest, function: Callable, *args):
@@ -188,9 +187,11 @@ class Scheduler:
         if request in self.live:
             self.live.remove(request)
         decoder = request.decoder
-        if reason != "error" and decoder.reusable_cache and decoder.cache is not None:
-            self.prefixes.offer(decoder.cached_token_ids(), decoder.cache)
-        decoder.cache = None  # free the KV cache now, not when the handle dies (the store copied its head)
+        if decoder.cache is not None:
+            if reason != "error":
+                self.publish_blocks(request, ended=True)
+            decoder.cache.release()  # its blocks go back now, not when the handle dies
+            decoder.cache = None
         if reason != "error" and request.params.temperature == 0 and self.on_greedy_reply is not None:
             try:  # a reply kept for later drafts: its failure must not touch this request
                 self.on_greedy_reply(decoder.prompt_ids, decoder.settled_ids())
@@ -226,4 +227,3 @@ class Scheduler:
             except Exception:  # one handle's failure must not keep the others waiting
                 log.exception("could not end request %d", request.handle.request_id)
         self.live = []
-        self.prefixes.clear()

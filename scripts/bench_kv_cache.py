@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    engines = {kv: Engine.load(args.model, prefix_cache_entries=0, backend="fused", kv_cache=kv)
+    engines = {kv: Engine.load(args.model, share_prefixes=False, backend="fused", kv_cache=kv)
                for kv in ("fp32", "fp16")}
     best: dict[str, dict] = {kv: {} for kv in engines}
     try:

@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
 
     # no recent replies to draft from: each prompt is decoded once per configuration
-    engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, prefix_cache_entries=0, recent_replies=0,
+    engine = Engine.load(args.model, dtype=args.dtype, max_live_requests=64, share_prefixes=False, recent_replies=0,
                          activations=args.activations, kv_cache=args.kv_cache)
     if args.block_size is None:  # the head's block and the continuations' row costs, as the server times them
         engine.choose_block()

@@ -24,19 +24,20 @@ from __future__ import annotations
 import torch
 
 from dllm_engine.decoding.plan import StepPlan, Target
-from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import Segment
 
 
 class BlockDecoderBase:
     """What both decoders share: the block, its commits, EOS and length bookkeeping."""
 
-    # whether cache slot i holds keys and values of tokens 0..i alone, so an ended request's
-    # head can seed another's cache (dllm_engine.prefix_cache); BlockCausalDecoder may say yes
+    # whether cache slot i holds keys and values of tokens 0..i alone, so its blocks can serve
+    # another request's prompt (dllm_engine/models/kv_pool.py); BlockCausalDecoder may say yes
     reusable_cache = False
     exact = False  # only checked tokens commit (BlockCausalDecoder may say yes)
     continued_steps = 0  # steps that checked a continuation instead of a drafter's block (DraftHeadDecoder)
 
-    def __init__(self, prompt_ids: list[int], cache: KVCache, block_size: int, max_new_tokens: int,
+    def __init__(self, prompt_ids: list[int], cache: BlockTable, block_size: int, max_new_tokens: int,
                  mask_id: int, eos_ids: set[int], shift: bool, stop_at_eos: bool):
         self.prompt_ids = prompt_ids
         self.cache = cache
@@ -90,6 +91,10 @@ class BlockDecoderBase:
             if token == self.mask_id:
                 needed.append(position)
         return needed
+
+    def final_len(self) -> int:
+        """Leading positions whose keys and values are final and shareable (0: none ever are)."""
+        return 0
 
     def masked_count(self) -> int:
         return len(self.masked_positions())
@@ -191,19 +196,22 @@ class BlockCausalDecoder(BlockDecoderBase):
             return False
         return super().wants_choice(free, exact)
 
-    # ---- prefix reuse (dllm_engine.prefix_cache) -----------------------------------------
+    # ---- prefix reuse (dllm_engine/models/kv_pool.py) -------------------------------------
     @property
     def reusable_cache(self) -> bool:
         """Cache slot i holds base-weight causal keys and values of tokens 0..i alone (not so
         when clean blocks are written bidirectionally)."""
         return not self.bidirectional_clean_blocks
 
+    def final_len(self) -> int:
+        return self.written if self.reusable_cache else 0
+
     def cached_token_ids(self) -> list[int]:
         """The tokens whose final keys and values cache slots [0, len) hold."""
         return (self.prompt_ids + self.settled_ids())[: self.written]
 
     def reuse_prefix(self, length: int) -> None:
-        """Cache slots [0, length) were filled with the prompt's head: write only the rest
+        """Positions [0, length) hold the prompt's head already (shared blocks): write only the rest
         (at least the last prompt token, whose row predicts the first reply token)."""
         if self.written or not 0 < length < len(self.prompt_ids):
             raise ValueError(f"cannot reuse {length} cached tokens of a {len(self.prompt_ids)}-token prompt "

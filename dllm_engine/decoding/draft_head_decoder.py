@@ -55,6 +55,14 @@ class DraftHeadDecoder(BlockCausalDecoder):
         self.contexts: list[tuple[Tensor, int]] = []
         self._pass_start = 0
         self._pass_features: Tensor | None = None
+        self._head_written = 0  # positions [0, this) hold the head's context (or will, after this step's head pass)
+
+    def reuse_prefix(self, length: int) -> None:
+        super().reuse_prefix(length)
+        self._head_written = length  # shared blocks carry the head's layers (KVPool.attach_prefix)
+
+    def final_len(self) -> int:
+        return min(self.written, self._head_written)
 
     def plan(self) -> StepPlan:
         chunk = self._chunk_plan()
@@ -103,6 +111,7 @@ class DraftHeadDecoder(BlockCausalDecoder):
         if self.finished or not self.contexts:
             return None
         contexts, self.contexts = self.contexts, []
+        self._head_written = max(self._head_written, *(start + len(features) for features, start in contexts))
         if not (self.reply and len(self.block) >= 2):
             return contexts, None, None
         self._head_checks = min(self.head_drafts, len(self.block) - 1)

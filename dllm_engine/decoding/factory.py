@@ -8,7 +8,7 @@ from dllm_engine.decoding.block_decoder import BlockCausalDecoder, BlockDecoderB
 from dllm_engine.decoding.draft_head_decoder import DraftHeadDecoder
 from dllm_engine.decoding.suffix_drafts import DraftChooser
 from dllm_engine.models.families import FAMILIES
-from dllm_engine.models.transformer import KVCache
+from dllm_engine.models.kv_pool import BlockTable, KVPool
 from dllm_engine.request import EngineError, GenerationParams
 
 if TYPE_CHECKING:
@@ -30,9 +30,10 @@ def decode_block(loaded: "LoadedModel", params: GenerationParams) -> int:
     return block
 
 
-def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams, cache_dtype, device,
+def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams, pool: KVPool,
                  chooser: DraftChooser | None = None) -> BlockDecoderBase:
-    """The request's decoder over a fresh (not yet allocated) KV cache of its longest reply:
+    """The request's decoder over a block table of the pool reserved for its longest reply
+    (kv_pool.PoolFull when the pool cannot promise it):
     the draft head's when the model has one (drafting continuations too where `chooser` is
     given), LLaDA/Dream's full-attention decoder, else the block-causal one (AR mode is a block
     of 1 with the adapter off)."""
@@ -48,8 +49,7 @@ def make_decoder(loaded: "LoadedModel", ids: list[int], params: GenerationParams
     if total > config.max_position_embeddings:
         raise EngineError(f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
                           f"model's context of {config.max_position_embeddings} tokens")
-    cache = KVCache(config, total, cache_dtype, device, allocate=False,  # allocated on the scheduler thread
-                    extra_layers=head.cache_layers if head is not None else 0)
+    cache = BlockTable(pool, total, has_head=head is not None)
     family = FAMILIES.get(config.family)
     common = dict(prompt_ids=ids, cache=cache, block_size=block, max_new_tokens=params.max_new_tokens,
                   mask_id=config.mask_token_id if config.mask_token_id is not None else _NO_MASK,

@@ -15,8 +15,8 @@ The target then checks the block in one causal pass and keeps the longest matchi
 its own next token (dllm_engine/decoding/draft_head_decoder.py), so the reply is exactly the
 target's greedy reply; the head only decides how many tokens a pass yields.
 
-The head's keys and values live in the request's KV cache as extra layers after the target's
-(`cache.k[num_layers + i]`), so prefix reuse copies them with the target's.
+The head's keys and values live in the request's KV blocks as extra layers after the target's
+(pool layer num_layers + i), so a shared prompt head shares them with the target's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from dllm_engine.models.config import ModelConfig
 from dllm_engine.models.layers import Projection, RMSNorm, apply_rotary
-from dllm_engine.models.transformer import DecoderLayer, KVCache
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import DecoderLayer
 from kernels.block_attention import grouped_attention
 
 
@@ -94,17 +95,16 @@ class DraftHead(nn.Module):
         return torch.cat([first, masks], dim=-2)
 
     # ---- decoding: the torch twin of the fused pass's draft steps ----------------------------
-    def write_context(self, features: Tensor, start: int, cache: KVCache, rope) -> None:
+    def write_context(self, features: Tensor, start: int, cache: BlockTable, rope) -> None:
         """The head's keys and values of verified positions start.. into `cache` (the head's
-        own layers of a request's cache: KVCache.view)."""
+        own layers of a request's blocks: BlockTable.view)."""
         context = self.context(features)
         cos, sin = rope.tables(torch.arange(start, start + features.shape[0], device=features.device), context.dtype)
         for i, layer in enumerate(self.layers):
             k, v = self.context_kv(layer, context, cos, sin)
-            cache.k[i, :, start:start + k.shape[0]] = k.transpose(0, 1)
-            cache.v[i, :, start:start + v.shape[0]] = v.transpose(0, 1)
+            cache.write(i, start, k, v)
 
-    def draft_block(self, first_token: int, start: int, cache: KVCache, embed: Tensor, rope) -> Tensor:
+    def draft_block(self, first_token: int, start: int, cache: BlockTable, embed: Tensor, rope) -> Tensor:
         """Final-normed hidden states [block, hidden] of the block [first_token, mask, ...] at
         positions start.., over the context before start (already in `cache`)."""
         block = self.spec.block_size
@@ -112,9 +112,9 @@ class DraftHead(nn.Module):
         cos, sin = rope.tables(torch.arange(start, start + block, device=embed.device), x.dtype)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.project_qkv(x, cos, sin, None)
-            cache.k[i, :, start:start + block] = k.transpose(0, 1)
-            cache.v[i, :, start:start + block] = v.transpose(0, 1)
-            out = grouped_attention(q, cache.k[i, :, :start + block], cache.v[i, :, :start + block], None)
+            cache.write(i, start, k, v)
+            keys, values = cache.read(i, start + block)
+            out = grouped_attention(q, keys, values, None)
             x = layer.finish(x, out, None)
         return self.norm(x)
 

@@ -6,7 +6,8 @@ dispatch costs more than their arithmetic (60 ms a pass whether it carries 1 tok
 own quantized blocks when it has them (llama.cpp's Q4_1 / Q8_0: a pass then streams ~96 MB
 instead of 268 MB in bf16), fp32 otherwise. With `activations="int8"` (the default) the
 matmuls over quantized blocks take 8-bit activations and integer dot products (int8.h);
-`"fp32"` dequantizes the blocks and multiplies in fp32. Attention and the KV cache are fp32.
+`"fp32"` dequantizes the blocks and multiplies in fp32. Attention is fp32, over keys and values
+in fp32 or fp16 blocks of the shared pool (dllm_engine/models/kv_pool.py).
 The torch pass computes the same when `mirror_int8_activations` gives it the same activation
 quantization, up to summation order (tests/engine/test_fused_cpu.py).
 """
@@ -185,17 +186,16 @@ class FusedCpuModel:
         table, row0, adapter_rows = [], 0, []
         for s in segments:
             count = s.tokens.numel()
-            if s.cache.k.dtype not in KV_CACHE_DTYPES.values():
-                raise ValueError(f"the fused CPU model needs fp32 or fp16 KV caches, got {s.cache.k.dtype}")
+            if s.cache.dtype not in KV_CACHE_DTYPES.values():
+                raise ValueError(f"the fused CPU model needs fp32 or fp16 KV caches, got {s.cache.dtype}")
+            s.cache.ensure(s.attend_len)
             table.append((row0, count, s.start, s.attend_len, _VISIBILITY[s.visibility], s.block_size))
             if s.adapter and self.has_adapter:
                 adapter_rows.extend(range(row0, row0 + count))
             row0 += count
         tokens = torch.cat([s.tokens for s in segments]).long()
-        layers = self.config.num_layers  # a cache may hold a draft head's layers after these
         return self._model.forward(tokens, torch.tensor(adapter_rows, dtype=torch.long),
-                                   torch.tensor(table, dtype=torch.long).reshape(-1, 6),
-                                   [s.cache.k[:layers] for s in segments], [s.cache.v[:layers] for s in segments],
+                                   torch.tensor(table, dtype=torch.long).reshape(-1, 6), *_blocks([s.cache for s in segments], 0),
                                    torch.tensor(rows, dtype=torch.long), torch.tensor(tap_layers, dtype=torch.long),
                                    torch.tensor(tap_rows, dtype=torch.long))
 
@@ -245,35 +245,39 @@ class FusedDraftHead(FusedCpuModel):
         self._build_draft_head(target, target_packed, draft_vocab)
         self._finish("the fused draft head", activations, kernel)
 
-    def _own(self, cache):
-        return cache.view(self.first_layer, self.config.num_layers)
-
     def write_context(self, runs: list[tuple[Tensor, int, object]]) -> None:
         """(features [n, context width], first position, request cache) per request, one pass."""
         table, row0 = [], 0
         for features, start, cache in runs:
             n = features.shape[0]
+            cache.ensure(start + n)
             table.append((row0, n, start, start + n, _VISIBILITY["causal"], 1))
             row0 += n
-        own = [self._own(cache) for _, _, cache in runs]
         self._model.context(torch.cat([f for f, _, _ in runs]).float().contiguous(),
                             torch.tensor(table, dtype=torch.long).reshape(-1, 6),
-                            [c.k for c in own], [c.v for c in own])
+                            *_blocks([cache for _, _, cache in runs], self.first_layer))
 
     def draft(self, blocks: list[tuple[int, int, object]]) -> list[list[int]]:
         """(exact first token, its position, request cache) per request: each block's drafts
         (block_size - 1 tokens), one pass for all of them."""
         size = self.block_size
         table, tokens, rows = [], [], []
-        for index, (first, start, _) in enumerate(blocks):
+        for index, (first, start, cache) in enumerate(blocks):
+            cache.ensure(start + size)
             row0 = index * size
             table.append((row0, size, start, start + size, _VISIBILITY["full"], 1))
             tokens.extend([first] + [self.mask_token] * (size - 1))
             rows.extend(range(row0 + 1, row0 + size))
-        own = [self._own(cache) for _, _, cache in blocks]
         hidden, _ = self._model.forward(torch.tensor(tokens, dtype=torch.long), torch.tensor([], dtype=torch.long),
                                         torch.tensor(table, dtype=torch.long).reshape(-1, 6),
-                                        [c.k for c in own], [c.v for c in own], torch.tensor(rows, dtype=torch.long),
+                                        *_blocks([cache for _, _, cache in blocks], self.first_layer),
+                                        torch.tensor(rows, dtype=torch.long),
                                         torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long))
         drafted, _ = self._model.greedy(hidden, True)
         return drafted.view(len(blocks), size - 1).tolist()
+
+
+def _blocks(tables: list, layer0: int) -> tuple[list[Tensor], list[Tensor], list[Tensor], int]:
+    """Each segment's keys and values as the C++ pass takes them: (block ids, key pools, value
+    pools, the pool layer of the model's layer 0), from the segments' BlockTables."""
+    return [t.ids() for t in tables], [t.pool.k for t in tables], [t.pool.v for t in tables], layer0

@@ -17,51 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_engine.models.config import ModelConfig
+from dllm_engine.models.kv_pool import BlockTable
 from dllm_engine.models.layers import MLP, LoRA, Projection, RMSNorm, RotaryEmbedding, apply_rotary
 from kernels import block_attention, quantize_activations
 from kernels.block_attention import grouped_attention
-
-
-class KVCache:
-    """One request's keys and values for every layer, preallocated to its maximum length.
-
-    `allocate=False` defers the (zero-filled) tensors to `allocate()`, so the engine can
-    create them on its scheduler thread: see `Engine` on why torch work stays on one thread.
-    """
-
-    def __init__(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 allocate: bool = True, extra_layers: int = 0):
-        # extra_layers: a draft head's, after the model's own (dllm_engine/models/draft_head.py)
-        self.shape = (config.num_layers + extra_layers, config.num_kv_heads, max_len, config.head_dim)
-        self.dtype, self.device = dtype, device
-        self.max_len = max_len
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-        if allocate:
-            self.allocate()
-
-    def allocate(self) -> None:
-        if self.k is None:
-            self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
-            self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
-
-    @property
-    def layers(self) -> int:
-        return self.shape[0]
-
-    @property
-    def bytes(self) -> int:
-        """Keys and values held (0 before `allocate`)."""
-        keys = self.k
-        return 0 if keys is None else 2 * keys.numel() * keys.element_size()
-
-    def view(self, first: int, count: int) -> "KVCache":
-        """Layers [first, first + count) of this cache, sharing its memory (allocated)."""
-        view = object.__new__(KVCache)
-        view.shape = (count, *self.shape[1:])
-        view.dtype, view.device, view.max_len = self.dtype, self.device, self.max_len
-        view.k, view.v = self.k[first:first + count], self.v[first:first + count]
-        return view
 
 
 @dataclass
@@ -69,7 +28,7 @@ class Segment:
     """A run of one request's tokens in a packed forward pass.
 
     The tokens sit at positions start .. start+len-1; their keys and values are written to
-    the cache there, and they attend to cache positions [0, attend_len) under `visibility`:
+    the request's block table there, and they attend to positions [0, attend_len) under `visibility`:
       full    every one of those positions (a bidirectional block, a dual cache)
       causal  only positions <= their own (prefill and cache writes of AR-style models)
       blocks  causal across blocks of `block_size` counted from `start`, bidirectional inside
@@ -78,7 +37,7 @@ class Segment:
 
     tokens: Tensor
     start: int
-    cache: KVCache
+    cache: BlockTable
     attend_len: int
     visibility: str = "causal"
     adapter: bool = False
@@ -170,6 +129,8 @@ class Transformer(nn.Module):
         with tap_layers, the outputs of those layers [N, len(tap_layers) * hidden])."""
         # plans are built on the host; everything the pass needs moves to the weights' device once
         device = self.embed_tokens.device
+        for segment in segments:
+            segment.cache.ensure(segment.attend_len)
         tokens = torch.cat([s.tokens for s in segments]).to(device, non_blocking=True)
         positions = torch.cat([torch.arange(s.start, s.start + s.tokens.numel()) for s in segments]).to(device)
         gate = None  # the packed rows the adapter acts on, as indices
@@ -241,11 +202,10 @@ def _block_prefix(segment: Segment) -> Tensor | None:
 
 def _attend_cached(layer: int, segment: Segment, mask: Tensor | None, block_prefix: Tensor | None,
                    q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    cache, start, n = segment.cache, segment.start, segment.tokens.numel()
-    cache.k[layer, :, start:start + n] = k.transpose(0, 1)
-    cache.v[layer, :, start:start + n] = v.transpose(0, 1)
+    cache, n = segment.cache, segment.tokens.numel()
+    cache.write(layer, segment.start, k, v)
+    keys, values = cache.read(layer, segment.attend_len)
     if block_prefix is not None:
-        out = block_attention(q.transpose(0, 1).unsqueeze(0), cache.k[layer].unsqueeze(0),
-                              cache.v[layer].unsqueeze(0), block_prefix)
+        out = block_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), block_prefix)
         return out[0].transpose(0, 1).reshape(n, -1)
-    return grouped_attention(q, cache.k[layer, :, : segment.attend_len], cache.v[layer, :, : segment.attend_len], mask)
+    return grouped_attention(q, keys, values, mask)

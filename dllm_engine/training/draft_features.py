@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from dllm_engine.loading.registry import LoadedModel
-from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import Segment
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ def extract(loaded: LoadedModel, records: list[dict], store: FeatureStore, batch
         segments, row0 = [], 0
         for i in batch:
             tokens = torch.tensor(records[i]["prompt_ids"] + records[i]["reply_ids"])
-            segments.append(Segment(tokens, 0, KVCache(loaded.config, len(tokens), torch.float32), len(tokens)))
+            cache = BlockTable.standalone(loaded.config, len(tokens), torch.float32)
+            segments.append(Segment(tokens, 0, cache, len(tokens)))
             row0 += len(tokens)
         rows = list(range(row0))
         with torch.inference_mode():

@@ -18,7 +18,7 @@ def test_bench_measures_both_modes_chooses_the_heads_block_and_rewrites_its_docs
     loaded.draft_head_meta["held_out"] = {"by_offset": [0.5, 0.25, 0.1][:BLOCK - 1]}
     backend = "fused" if cpu.available() is None else "torch"
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: Engine(loaded, backend=backend,
-                                                                                prefix_cache_entries=0)))
+                                                                                share_prefixes=False)))
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\nkept above\n\n<!-- dllm-bench:start -->\nold\n<!-- dllm-bench:end -->\n\nkept below\n")
     code = cli.main(["bench", "--model", "tiny", "--prompts", "2", "--max-new-tokens", "6", "--concurrency", "1,2",

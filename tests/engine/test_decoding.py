@@ -10,7 +10,7 @@ from dllm_engine.decoding import (
 )
 from dllm_engine.engine import Engine
 from dllm_engine.models.config import ModelConfig
-from dllm_engine.models.transformer import KVCache
+from dllm_engine.models.kv_pool import BlockTable
 from dllm_engine.request import GenerationParams, RequestHandle
 from dllm_engine.scheduler import LiveRequest, Scheduler
 
@@ -103,7 +103,7 @@ def _decoder(block_size=4, max_new_tokens=8, stop_at_eos=True, verify_drafts=0):
     config = ModelConfig(
         family="llama_bd", vocab_size=100, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
         num_kv_heads=1, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=64)
-    return BlockCausalDecoder([5, 6, 7], KVCache(config, 32, torch.float32), block_size, max_new_tokens, MASK, {EOS},
+    return BlockCausalDecoder([5, 6, 7], BlockTable.standalone(config, 32, torch.float32), block_size, max_new_tokens, MASK, {EOS},
                               True, stop_at_eos, adapter=True, bidirectional_clean_blocks=False,
                               verify_drafts=verify_drafts)
 
@@ -113,7 +113,7 @@ def _run_step(decoder, plan: StepPlan, tokens: list[int], confidence: list[float
     choice, the rest); returns how many tokens it committed."""
     request = LiveRequest(handle=RequestHandle(1), params=GenerationParams(), decoder=decoder, policy=policy,
                           threshold=policy.threshold, submitted=0.0, deadline=None, generator=None)
-    scheduler = Scheduler(decode=lambda ids: "", clock=lambda: 0.0, prefix_cache_entries=0)
+    scheduler = Scheduler(decode=lambda ids: "", clock=lambda: 0.0, share_prefixes=False)
     scheduler.live.append(request)
     scheduler.postprocess([request], [plan], tokens, torch.tensor(confidence))
     return request.committed_in_denoise

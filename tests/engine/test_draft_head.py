@@ -15,7 +15,7 @@ from dllm_engine.engine import Engine
 from dllm_engine.loading import load_model
 from dllm_engine.loading.registry import attach_draft_head
 from dllm_engine.models.draft_head import DraftHead, DraftHeadSpec, draft_loss, even_taps
-from dllm_engine.models.transformer import KVCache
+from dllm_engine.models.kv_pool import BlockTable
 from dllm_engine.request import EngineError, GenerationParams
 from dllm_engine.training.draft_export import export_draft_head
 from kernels import cpu
@@ -117,7 +117,7 @@ def _oracle(engine, replies: dict[str, list[int]], right: int):
 def test_right_drafts_commit_several_tokens_a_pass_and_keep_the_reply_exact(tiny_gguf, tmp_path, right):
     loaded = with_random_head(tiny_gguf, tmp_path)
     # the head's drafts alone (continuations of earlier text would replace some: test_suffix_drafts.py)
-    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
+    engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", share_prefixes=False,
                     continuations=False)
     try:
         prompt_ids = {p: engine.prompt_ids(p, raw=False) for p in PROMPTS}
@@ -141,7 +141,7 @@ def engine_with_chooser(path, tmp_path) -> Engine:
     """The tiny model with a random head that claims good held-out odds, and the draft chooser."""
     loaded = with_random_head(path, tmp_path)
     loaded.draft_head_meta["held_out"] = {"by_offset": [0.9, 0.8, 0.7]}
-    return Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0,
+    return Engine(loaded, backend="fused" if cpu.available() is None else "torch", share_prefixes=False,
                   recent_replies=0)
 
 
@@ -227,7 +227,7 @@ def test_the_fused_head_drafts_what_the_torch_head_drafts(tiny_gguf, tmp_path):
     for name, drafter in (("fused", FusedDraftHead(loaded.draft_head, loaded.model, loaded.packed,
                                                      loaded.draft_head_blocks, loaded.draft_vocab, "fp32")),
                           ("torch", TorchDraftHead(loaded.draft_head, loaded.model, loaded.draft_vocab))):
-        caches = [KVCache(loaded.config, 32, torch.float32, extra_layers=2) for _ in range(2)]
+        caches = [BlockTable.standalone(loaded.config, 32, torch.float32, extra_layers=2) for _ in range(2)]
         with torch.inference_mode():
             drafter.write_context([(features[:5], 0, caches[0]), (features, 0, caches[1])])
             drafted[name] = drafter.draft([(7, 5, caches[0]), (11, 9, caches[1])])
@@ -305,7 +305,7 @@ def test_a_long_prompt_prefilled_in_chunks_gives_the_same_reply(tiny_gguf, tmp_p
     replies = {}
     for chunk in (0, 8):
         engine = Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefill_chunk=chunk,
-                        prefix_cache_entries=0)
+                        share_prefixes=False)
         try:
             final = engine.generate(prompt, params)
             replies[chunk] = final.token_ids
@@ -320,7 +320,7 @@ def test_a_long_prompt_prefilled_in_chunks_gives_the_same_reply(tiny_gguf, tmp_p
 
 def test_a_reply_keeps_stepping_while_another_request_prefills_a_long_prompt(tiny_gguf, tmp_path):
     loaded = with_random_head(tiny_gguf, tmp_path)
-    engine = Engine(loaded, backend="torch", prefill_chunk=4, prefix_cache_entries=0)
+    engine = Engine(loaded, backend="torch", prefill_chunk=4, share_prefixes=False)
     try:
         streaming = engine.submit("Hi", GenerationParams(mode="autoregressive", max_new_tokens=200, stop_at_eos=False))
         next(iter(streaming))

@@ -36,7 +36,7 @@ def distilled(tmp_path_factory, tiny_tokenizer):
     path = tmp_path_factory.mktemp("draft-training") / "tiny.gguf"
     write_tiny_llama_gguf(path, tiny_tokenizer, GGUF_VARIANTS["smollm2"], seed=3)
     loaded = load_model(str(path), dtype=torch.float32)
-    engine = Engine(loaded, prefix_cache_entries=0)
+    engine = Engine(loaded, share_prefixes=False)
     records = []
     try:
         for i in range(6):

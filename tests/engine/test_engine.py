@@ -79,8 +79,9 @@ def test_over_the_request_limit_submit_raises_overloaded(engine):
 def test_cached_token_budget_is_enforced(tiny_bd):
     engine = Engine(tiny_bd, max_cached_tokens=100)
     try:
-        with pytest.raises(EngineOverloaded, match="cached tokens"):
+        with pytest.raises(EngineOverloaded, match="KV pool has"):
             engine.submit(PROMPTS[0], GenerationParams(max_new_tokens=150))
+        assert engine.kv_stats()["reserved"] == 0  # the refused request promised nothing
     finally:
         engine.close()
 
@@ -169,23 +170,25 @@ def test_mixed_policies_in_one_batch_commit_as_they_would_alone(engine):
     assert [h.result().token_ids for h in handles] == alone
 
 
-def test_a_failed_cache_allocation_ends_only_that_request(engine, monkeypatch):
-    from dllm_engine.models.transformer import KVCache
+def test_a_request_whose_blocks_fail_ends_alone_and_gives_them_back(engine, monkeypatch):
+    from dllm_engine.models.kv_pool import KVPool
 
-    real_allocate = KVCache.allocate
+    real_attach = KVPool.attach_prefix
     failures = iter([True])
 
-    def allocate(cache):
+    def attach(pool, *args):
         if next(failures, False):
-            raise RuntimeError("out of memory (injected)")
-        real_allocate(cache)
+            raise RuntimeError("no block (injected)")
+        return real_attach(pool, *args)
 
-    monkeypatch.setattr(KVCache, "allocate", allocate)
+    monkeypatch.setattr(KVPool, "attach_prefix", attach)
     params = GenerationParams(max_new_tokens=4, stop_at_eos=False)
     failed = engine.generate(PROMPTS[0], params)
-    assert failed.finish_reason == "error" and "could not allocate the KV cache" in failed.error
+    assert failed.finish_reason == "error" and "no block (injected)" in failed.error
     assert engine.generate(PROMPTS[1], params).stats.new_tokens == 4
     assert engine.live_requests == 0
+    stats = engine.kv_stats()
+    assert stats["held"] == 0 and stats["reserved"] == 0  # nothing promised or listed is left behind
 
 
 def test_load_reports_an_unknown_model_from_its_loading_thread():
@@ -271,7 +274,7 @@ def test_a_prompt_that_starts_like_an_earlier_one_reuses_its_cache_exactly(tiny_
     """The next turn of a conversation: its prompt is the last one, the reply, and more."""
     params = GenerationParams(mode=mode, max_new_tokens=10, block_size=4, threshold=0.05, stop_at_eos=False)
     first_turn = [{"role": "user", "content": PROMPTS[2]}]
-    fresh = Engine(tiny_bd, prefix_cache_entries=0)
+    fresh = Engine(tiny_bd, share_prefixes=False)
     warm = Engine(tiny_bd)
     try:
         reply = warm.generate(first_turn, params)
@@ -286,6 +289,29 @@ def test_a_prompt_that_starts_like_an_earlier_one_reuses_its_cache_exactly(tiny_
     assert reused.stats.cached_prompt_tokens >= warm.count_tokens(first_turn) - 8  # the whole earlier prompt, about
     assert from_scratch.stats.cached_prompt_tokens == 0
     assert reused.token_ids == from_scratch.token_ids
+
+
+def test_live_requests_with_one_head_list_its_blocks_once_and_decode_exactly(tiny_bd):
+    """A verdict or a redraft while the draft on the same words still runs: the head's blocks are
+    listed by both, not copied, and both replies are what each gives alone."""
+    params = GenerationParams(mode="autoregressive", max_new_tokens=60, stop_at_eos=False)
+    head = " ".join(PROMPTS)  # several whole blocks of prompt
+    fresh = Engine(tiny_bd, share_prefixes=False)
+    shared = Engine(tiny_bd)
+    try:
+        alone = [fresh.generate(head + tail, params).token_ids for tail in (" One.", " Two?")]
+        first = shared.submit(head + " One.", params)
+        next(iter(first))  # its prompt is written (and published) by its first pass
+        second = shared.submit(head + " Two?", params)
+        next(iter(second))
+        stats = shared.kv_stats()
+        replies = [first.result(timeout=120), second.result(timeout=120)]
+    finally:
+        fresh.close()
+        shared.close()
+    assert replies[1].stats.cached_prompt_tokens >= 32
+    assert stats["listed"] - stats["held"] >= replies[1].stats.cached_prompt_tokens // 16  # shared blocks
+    assert [r.token_ids for r in replies] == alone
 
 
 def test_only_the_shared_head_of_a_prompt_is_reused(engine):
@@ -389,17 +415,21 @@ def test_an_ar_reply_commits_exactly_one_token_a_pass(engine, max_new_tokens):
     assert final.stats.committed_tokens == final.stats.new_tokens + (final.finish_reason == "stop")
 
 
-def test_kv_cache_bytes_count_live_requests_and_the_prefix_store(tiny_bd):
+def test_kv_cache_bytes_count_the_blocks_live_requests_hold_and_those_cached(tiny_bd):
     engine = Engine(tiny_bd)
     try:
         assert engine.kv_cache_bytes == 0
         live = engine.submit(PROMPTS[0], GenerationParams(mode="autoregressive", max_new_tokens=150, stop_at_eos=False))
-        next(iter(live))  # its cache exists once it has been stepped
+        next(iter(live))  # its blocks are taken as its passes write them
         config, held = tiny_bd.config, engine.kv_cache_bytes
         per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * engine.cache_dtype.itemsize
-        assert held >= per_token * (len(engine.prompt_ids(PROMPTS[0], raw=False)) + 150)
+        assert held >= per_token * len(engine.prompt_ids(PROMPTS[0], raw=False))
+        assert engine.kv_stats()["reserved"] > 0  # the rest of its longest reply is promised, not taken
         live.cancel()
         live.result(timeout=30)
-        assert engine.kv_cache_bytes == engine.scheduler.prefixes.bytes < held  # what is left is the store's copy
+        stats = engine.kv_stats()
+        assert stats["held"] == stats["reserved"] == 0
+        # what is left: its whole written blocks, cached for a prompt that starts the same
+        assert 0 < engine.kv_cache_bytes == stats["idle"] * stats["block_bytes"] <= held + per_token * 150
     finally:
         engine.close()

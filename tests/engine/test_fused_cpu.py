@@ -12,7 +12,8 @@ from gguf.quants import dequantize, quantize
 from dllm_engine.engine import Engine
 from dllm_engine.loading import load_model
 from dllm_engine.models.fused_cpu import FusedCpuModel, mirror_int8_activations
-from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import Segment
 from dllm_engine.request import GenerationParams
 from kernels import cpu, quantize_activations
 from tiny_checkpoints import FAMILY_SPECS, GGUF_VARIANTS, write_hf_checkpoint, write_tiny_llama_gguf
@@ -61,7 +62,7 @@ def _passes(model, steps, fused_cache=torch.float32):
     results = []
     for forward in ("torch", "fused"):
         dtype = torch.float32 if forward == "torch" else fused_cache
-        caches = [KVCache(model.config, 128, dtype) for _ in range(2)]
+        caches = [BlockTable.standalone(model.config, 128, dtype) for _ in range(2)]
         outputs = []
         for make_segments in steps:
             segments = make_segments(caches)
@@ -157,9 +158,9 @@ def test_gguf_blocks_are_read_as_stored(tmp_path, tiny_tokenizer, activations, k
     tokens = _tokens(12, 3)
     try:
         with torch.inference_mode():
-            cache = KVCache(loaded.config, 16, torch.float32)
+            cache = BlockTable.standalone(loaded.config, 16, torch.float32)
             expected = loaded.model.forward_segments([Segment(tokens, 0, cache, 12)])
-            got = fused.forward([Segment(tokens, 0, KVCache(loaded.config, 16, torch.float32), 12)], list(range(12)))
+            got = fused.forward([Segment(tokens, 0, BlockTable.standalone(loaded.config, 16, torch.float32), 12)], list(range(12)))
             logits = loaded.model.logits(expected)
     finally:
         mirror_int8_activations(loaded.model, loaded.packed, on=False)
@@ -207,9 +208,9 @@ def test_an_unknown_integer_kernel_is_refused_by_name():
 def test_a_malformed_pass_is_refused_with_what_was_wrong(make_tiny_bd):
     loaded = make_tiny_bd(seed=1)
     fused = FusedCpuModel(loaded.model)
-    cache = KVCache(loaded.config, 16, torch.float32)
+    cache = BlockTable.standalone(loaded.config, 16, torch.float32)
     with pytest.raises(ValueError, match="fp32 or fp16 KV caches"):
-        fused.forward([Segment(_tokens(3, 1), 0, KVCache(loaded.config, 16, torch.bfloat16), 3)], [0])
+        fused.forward([Segment(_tokens(3, 1), 0, BlockTable.standalone(loaded.config, 16, torch.bfloat16), 3)], [0])
     with pytest.raises(RuntimeError, match="output row out of range"):
         fused.forward([Segment(_tokens(3, 1), 0, cache, 3)], [3])
     with pytest.raises(RuntimeError, match="token id out of range"):

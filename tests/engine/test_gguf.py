@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dllm_engine.loading import load_model
 from dllm_engine.loading.registry import smollm2_gguf_path
-from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import Segment
 from tiny_checkpoints import CHATML_TEMPLATE, GGUF_VARIANTS, write_tiny_llama_gguf
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def our_logits(loaded, tokens: torch.Tensor) -> torch.Tensor:
 def greedy_with_cache(loaded, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Plain greedy decoding on our model through the KV-cache path (one token a step)."""
     model, stop = loaded.model, set(loaded.config.eos_token_ids)
-    cache = KVCache(model.config, max_len=len(prompt) + max_new_tokens, dtype=torch.float32)
+    cache = BlockTable.standalone(model.config, max_len=len(prompt) + max_new_tokens, dtype=torch.float32)
     new: list[int] = []
     with torch.inference_mode():
         chunk, start = torch.tensor(prompt), 0
@@ -245,7 +246,7 @@ def test_the_fused_pass_gives_the_torch_pass_greedy_replies_on_the_real_model():
         pytest.skip(f"CPU kernels unavailable: {cpu.available()}")
     replies = {}
     for backend in ("fused", "torch"):
-        engine = Engine.load("smollm2-135m-bd", dtype="float32", backend=backend, prefix_cache_entries=0,
+        engine = Engine.load("smollm2-135m-bd", dtype="float32", backend=backend, share_prefixes=False,
                              activations="fp32")
         try:
             replies[backend] = [engine.generate(p, GenerationParams(mode=mode, max_new_tokens=16)).token_ids
@@ -264,7 +265,7 @@ def test_the_default_model_checks_continuations_of_its_own_replies_and_keeps_the
     from dllm_engine.engine import Engine
     from dllm_engine.request import GenerationParams
 
-    engine = Engine.load("smollm2-135m-bd", prefix_cache_entries=0)
+    engine = Engine.load("smollm2-135m-bd", share_prefixes=False)
     try:
         assert engine.loaded.reply_corpus is not None and len(engine.loaded.reply_corpus) > 100_000
         continued = 0

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dllm_engine.loading import load_model
-from dllm_engine.models.transformer import KVCache, Segment
+from dllm_engine.models.kv_pool import BlockTable
+from dllm_engine.models.transformer import Segment
 from tiny_checkpoints import (
     FAMILY_SPECS,
     TINY_VOCAB,
@@ -117,13 +118,13 @@ def cached_chunks(spec: FamilySpec, length: int) -> list[tuple[int, int, str]]:
 
 @pytest.mark.parametrize("family", list(FAMILY_SPECS))
 def test_cached_segments_match_dense_pass(family, checkpoints):
-    """Prefill then block steps through forward_segments + KVCache == one dense pass with
+    """Prefill then block steps through forward_segments + BlockTable == one dense pass with
     the equivalent mask (block-causal prefill for the block families)."""
     spec = FAMILY_SPECS[family]
     model = load_model(str(checkpoints[family][0])).model
     tokens = random_tokens(1, SEQ_LEN, seed=3)[0]
     chunks = cached_chunks(spec, SEQ_LEN)
-    cache = KVCache(model.config, max_len=SEQ_LEN + 8, dtype=torch.float32)
+    cache = BlockTable.standalone(model.config, max_len=SEQ_LEN + 8, dtype=torch.float32)
     pieces = []
     with torch.inference_mode():
         for index, (start, end, visibility) in enumerate(chunks):
@@ -146,7 +147,7 @@ def test_packed_requests_match_separate_dense_passes(checkpoints):
     spec = FAMILY_SPECS["qwen3"]
     model = load_model(str(checkpoints["qwen3"][0])).model
     first, second = random_tokens(1, 12, seed=4)[0], random_tokens(1, 7, seed=5)[0]
-    caches = [KVCache(model.config, max_len=16, dtype=torch.float32) for _ in range(2)]
+    caches = [BlockTable.standalone(model.config, max_len=16, dtype=torch.float32) for _ in range(2)]
     with torch.inference_mode():
         hidden = model.forward_segments([Segment(first, 0, caches[0], attend_len=12, visibility="causal"),
                                          Segment(second, 0, caches[1], attend_len=7, visibility="full")])

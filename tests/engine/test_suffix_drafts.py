@@ -182,7 +182,7 @@ def test_head_drafts_that_nearly_pay_are_still_checked_now_and_then_so_their_odd
 
 
 def _engine(loaded, **kwargs):
-    return Engine(loaded, backend="fused" if cpu.available() is None else "torch", prefix_cache_entries=0, **kwargs)
+    return Engine(loaded, backend="fused" if cpu.available() is None else "torch", share_prefixes=False, **kwargs)
 
 
 @pytest.mark.parametrize("right", [True, False])

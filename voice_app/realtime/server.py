@@ -61,8 +61,16 @@ class VoiceServer:
         self.metrics.add_gauge("voice_live_sessions", "Sessions connected now", lambda: len(self.sessions))
         self.metrics.add_gauge("voice_engine_live_requests", "Engine requests in flight",
                                lambda: getattr(models.engine, "live_requests", 0))
-        self.metrics.add_gauge("voice_engine_kv_cache_bytes", "Keys and values the engine holds (live requests "
-                               "and its prefix store)", lambda: getattr(models.engine, "kv_cache_bytes", 0))
+        self.metrics.add_gauge("voice_engine_kv_cache_bytes", "Bytes of the engine's KV pool blocks in use (listed "
+                               "by live requests, or cached for later prompts)",
+                               lambda: getattr(models.engine, "kv_cache_bytes", 0))
+        self.metrics.add_gauge("voice_engine_kv_shared_ratio", "Block table entries per KV block live requests hold "
+                               "(above 1: prompt heads shared, not copied)", lambda: _kv_shared_ratio(models.engine))
+        self.metrics.add_gauge("voice_engine_kv_held_per_written_ratio", "Positions of the KV blocks live requests "
+                               "hold per position written in them (1: no copies, no unused room)",
+                               lambda: _kv_held_per_written(models.engine))
+        self.metrics.add_gauge("voice_engine_kv_promised_bytes", "Bytes of KV blocks live requests may fill (their "
+                               "longest replies; shared heads not counted)", lambda: _kv_promised_bytes(models.engine))
         self.metrics.add_gauge("voice_tts_live_jobs", "Sentences being synthesised",
                                lambda: models.tts_live_jobs)
         self.metrics.add_gauge("voice_asr_live_jobs", "Transcriptions queued or running",
@@ -205,6 +213,21 @@ class VoiceServer:
         else:  # a server without the denial extension can only accept and close
             await websocket.accept()
             await websocket.close(code=close_code, reason=message[:120])
+
+
+def _kv_shared_ratio(engine: Any) -> float:
+    stats = engine.kv_stats() if hasattr(engine, "kv_stats") else {}
+    return stats["listed"] / stats["held"] if stats.get("held") else 1.0
+
+
+def _kv_held_per_written(engine: Any) -> float:
+    stats = engine.kv_stats() if hasattr(engine, "kv_stats") else {}
+    return stats["held"] * stats["block_tokens"] / stats["held_positions"] if stats.get("held_positions") else 1.0
+
+
+def _kv_promised_bytes(engine: Any) -> float:
+    stats = engine.kv_stats() if hasattr(engine, "kv_stats") else {}
+    return (stats["held"] + stats["reserved"]) * stats["block_bytes"] if stats else 0.0
 
 
 def uvicorn_config(app: Any, settings: Settings, replica: str | None = None) -> uvicorn.Config:

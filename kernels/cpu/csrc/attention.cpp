@@ -1,9 +1,10 @@
-// Attention of a packed pass's rows over their requests' KV caches. Work items are (segment,
+// Attention of a packed pass's rows over their requests' paged KV caches. Work items are (segment,
 // kv head, chunk of rows), or per query head for short segments (decoding) so a few rows still
 // split over the team. Each row's query is scored against exactly the keys it may see, 8 keys
 // at a time, softmaxed and weighted over the values: a row's result never depends on which
-// other rows share its item or pass (AR decoding and a verify pass give the same bits). Caches
-// hold fp32 or fp16 keys and values (Segment::half); the arithmetic is fp32 either way.
+// other rows share its item or pass (AR decoding and a verify pass give the same bits), nor on
+// which blocks hold its keys. Pools hold fp32 or fp16 keys and values (Segment::half); the
+// arithmetic is fp32 either way.
 #include "attention.h"
 
 #include <algorithm>
@@ -18,7 +19,6 @@ namespace {
 
 constexpr int64_t kRowsPerItem = 8;
 constexpr int64_t kRowsForHeadItems = 16;  // segments this short get an item per query head
-constexpr int64_t kKeysPerBlock = 32;       // a multiple of 8 (scores8)
 
 struct Item {
   int64_t segment, group, first, count;
@@ -96,36 +96,37 @@ inline void scores8(const float* q, const T* K, int64_t d, float* s) {
   _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31)));
 }
 
-// s[j] = q · K[j] for keys [j0, j1): 8 at a time from j0, then one by one; j0 is a multiple of
-// 8 (a key block starts there), so every key is scored by the same code whatever the range.
+// s[j] = q · K[j] for the first n keys of a block: 8 at a time, then one by one; a block starts
+// at a multiple of 8 positions, so every key is scored by the same code whatever the range.
 template <typename T>
-void scores(const float* q, const T* K, int64_t d, int64_t j0, int64_t j1, float* s) {
-  int64_t j = j0;
+void scores(const float* q, const T* K, int64_t d, int64_t n, float* s) {
+  int64_t j = 0;
   if (d % 8 == 0) {
-    for (; j + 8 <= j1; j += 8) scores8(q, K + j * d, d, s + j);
-    for (; j < j1; ++j) {
+    for (; j + 8 <= n; j += 8) scores8(q, K + j * d, d, s + j);
+    for (; j < n; ++j) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load8(K + j * d + c), acc);
       s[j] = tree_sum(acc);
     }
     return;
   }
-  for (; j < j1; ++j) {  // head dims that are not a multiple of 8 (tiny test models)
+  for (; j < n; ++j) {  // head dims that are not a multiple of 8 (tiny test models)
     float total = 0.0f;
     for (int64_t c = 0; c < d; ++c) total += q[c] * value(K[j * d + c]);
     s[j] = total;
   }
 }
 
-// O[0:d) += sum_{j in [j0, j1)} P[j] V[j, 0:d): each lane accumulates over the keys in order, so
-// a row's output is the same however its keys are cut into blocks (a key past a row's limit is
-// never visited). d = 64: all 64 columns of a head at once, 8 independent FMA chains.
+// O[0:d) += sum_{j < n} P[j] V[j, 0:d) over the first n keys of a block: each lane accumulates
+// over the keys in order, so a row's output is the same however its keys are cut into blocks (a
+// key past a row's limit is never visited). d = 64: all 64 columns of a head at once, 8
+// independent FMA chains.
 template <typename T>
-void weighted_values(const float* P, int64_t j0, int64_t j1, const T* V, int64_t d, float* O) {
+void weighted_values(const float* P, int64_t n, const T* V, int64_t d, float* O) {
   if (d == 64) {
     __m256 acc[8];
     for (int v = 0; v < 8; ++v) acc[v] = _mm256_loadu_ps(O + 8 * v);
-    for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t j = 0; j < n; ++j) {
       const __m256 p = _mm256_set1_ps(P[j]);
       for (int v = 0; v < 8; ++v) acc[v] = _mm256_fmadd_ps(p, load8(V + j * 64 + 8 * v), acc[v]);
     }
@@ -134,14 +135,14 @@ void weighted_values(const float* P, int64_t j0, int64_t j1, const T* V, int64_t
   }
   for (int64_t c = 0; c < d; ++c) {
     float total = O[c];
-    for (int64_t j = j0; j < j1; ++j) total = std::fma(P[j], value(V[j * d + c]), total);
+    for (int64_t j = 0; j < n; ++j) total = std::fma(P[j], value(V[j * d + c]), total);
     O[c] = total;
   }
 }
 
 // One item: every (row, query head) of it is a query over the same kv head's keys and values.
-// The keys go in blocks of kKeysPerBlock (8 KB of K or V at d = 64, kept in L1), and each block
-// serves every query before the next is read: the kv head is read once per item,
+// The keys go a pool block at a time (16 keys: 4 KB of K or V at d = 64 in fp32, kept in L1),
+// and each block serves every query before the next is read: the kv head is read once per item,
 // not once per row and head. Each query's arithmetic is the same as alone (scores per key,
 // softmax over its prefix, values in key order), so the grouping never changes its bits.
 template <typename T>
@@ -153,9 +154,10 @@ void attend_item(const Item& item, const Segment& seg, int64_t layer, const Atte
   const float scale = 1.0f / std::sqrt(float(d));
   float* Q = scratch(0, queries * d);
   float* S = scratch(1, queries * longest);
-  const int64_t head_offset = (layer * shape.kv_heads + item.group) * seg.max_len * d;
-  const T* K = static_cast<const T*>(seg.k) + head_offset;
-  const T* V = static_cast<const T*>(seg.v) + head_offset;
+  const int64_t B = seg.block_tokens;
+  auto keys_of = [&](const void* pool, int64_t j0) {  // the block holding keys j0.. (j0 % B == 0)
+    return static_cast<const T*>(pool) + seg.block_start(j0 / B, layer, item.group, shape.kv_heads, d);
+  };
   auto row_of = [&](int64_t i) { return seg.row0 + item.first + i / item.heads; };
   auto limit_of = [&](int64_t i) { return seg.key_limit(item.first + i / item.heads); };
   auto out_of = [&](int64_t i) { return out + row_of(i) * shape.heads * d + (first_head + i % item.heads) * d; };
@@ -163,20 +165,24 @@ void attend_item(const Item& item, const Segment& seg, int64_t layer, const Atte
     const float* src = q + row_of(i) * ldq + (first_head + i % item.heads) * d;
     for (int64_t c = 0; c < d; ++c) Q[i * d + c] = src[c] * scale;
   }
-  for (int64_t j0 = 0; j0 < longest; j0 += kKeysPerBlock)
+  for (int64_t j0 = 0; j0 < longest; j0 += B) {
+    const T* K = keys_of(seg.k, j0);
     for (int64_t i = 0; i < queries; ++i) {
       const int64_t limit = limit_of(i);
-      if (j0 < limit) scores(Q + i * d, K, d, j0, std::min(limit, j0 + kKeysPerBlock), S + i * longest);
+      if (j0 < limit) scores(Q + i * d, K, d, std::min(limit - j0, B), S + i * longest + j0);
     }
+  }
   for (int64_t i = 0; i < queries; ++i) {
     softmax_prefix(S + i * longest, limit_of(i), limit_of(i));
     std::fill(out_of(i), out_of(i) + d, 0.0f);
   }
-  for (int64_t j0 = 0; j0 < longest; j0 += kKeysPerBlock)
+  for (int64_t j0 = 0; j0 < longest; j0 += B) {
+    const T* V = keys_of(seg.v, j0);
     for (int64_t i = 0; i < queries; ++i) {
       const int64_t limit = limit_of(i);
-      if (j0 < limit) weighted_values(S + i * longest, j0, std::min(limit, j0 + kKeysPerBlock), V, d, out_of(i));
+      if (j0 < limit) weighted_values(S + i * longest + j0, std::min(limit - j0, B), V, d, out_of(i));
     }
+  }
 }
 
 // d floats into the cache: copied, or rounded to the nearest fp16 (ties to even)
@@ -197,7 +203,8 @@ void write_cache(const Segment& seg, int64_t layer, const AttentionShape& shape,
   const int64_t d = shape.head_dim;
   for (int64_t i = 0; i < seg.rows; ++i)
     for (int64_t g = 0; g < shape.kv_heads; ++g) {
-      const int64_t at = ((layer * shape.kv_heads + g) * seg.max_len + seg.pos0 + i) * d;
+      const int64_t pos = seg.pos0 + i;
+      const int64_t at = seg.block_start(pos / seg.block_tokens, layer, g, shape.kv_heads, d) + pos % seg.block_tokens * d;
       store_row(k + (seg.row0 + i) * ld + g * d, d, seg.k, at, seg.half);
       store_row(v + (seg.row0 + i) * ld + g * d, d, seg.v, at, seg.half);
     }
@@ -217,11 +224,11 @@ void attention(const std::vector<Segment>& segments, int64_t layer, const Attent
                int64_t ld, float* out, const Team& team) {
   // A request's later segment may overwrite cache slots its earlier one wrote and attends to
   // (a drafted block over the checked drafts): segments go in waves, the n-th segment of each
-  // cache in wave n, each wave writing its keys and values before it attends.
+  // request (its block table) in wave n, each wave writing its keys and values before it attends.
   std::vector<int64_t> wave(segments.size(), 0);
   int64_t waves = 1;
   for (size_t s = 0; s < segments.size(); ++s) {
-    for (size_t t = 0; t < s; ++t) wave[s] += segments[t].k == segments[s].k;
+    for (size_t t = 0; t < s; ++t) wave[s] += segments[t].table == segments[s].table;
     waves = std::max(waves, wave[s] + 1);
   }
   const int64_t kv_width = shape.kv_heads * shape.head_dim, q_width = shape.heads * shape.head_dim;

@@ -1,6 +1,7 @@
 // Attention of a packed pass's segments over their requests' KV caches.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -10,16 +11,24 @@ namespace dllm {
 
 enum Visibility : int64_t { kFull = 0, kCausal = 1, kBlocks = 2 };
 
-// A run of one request's rows in the pass (see dllm_engine.models.transformer.Segment).
+// A run of one request's rows in the pass (see dllm_engine.models.transformer.Segment). Its
+// keys and values live in fixed-size blocks of a pool ([blocks, pool_layers, kv_heads,
+// block_tokens, head_dim]); `table` lists the request's blocks in position order, so position p
+// is slot p % block_tokens of block table[p / block_tokens]. Requests that share a prompt head
+// list the same blocks.
 struct Segment {
   int64_t row0, rows;    // rows [row0, row0 + rows) of the pass
   int64_t pos0;          // position of the first row in the request's sequence
   int64_t attend_len;    // keys [0, attend_len) of the cache are candidates
   int64_t visibility;    // kFull | kCausal | kBlocks
   int64_t block_size;    // for kBlocks
-  void* k;               // cache [layers, kv_heads, max_len, head_dim]: fp32, or fp16 when `half`
+  void* k;               // the pool's keys and values: fp32, or fp16 when `half`
   void* v;
-  int64_t max_len;
+  const int64_t* table;  // the request's blocks
+  int64_t table_len;
+  int64_t block_tokens;  // positions a block holds (a multiple of 8)
+  int64_t pool_layers;   // layers a block holds
+  int64_t layer0;        // the pool layer of this model's layer 0 (a draft head's sit after the target's)
   bool half;             // keys and values stored as fp16 (half the bytes attention reads)
 
   // keys [0, limit) that row i of the segment may see
@@ -27,6 +36,11 @@ struct Segment {
     if (visibility == kCausal) return pos0 + i + 1;
     if (visibility == kBlocks) return std::min(attend_len, pos0 + (i / block_size + 1) * block_size);
     return attend_len;
+  }
+
+  // where the slots of table entry `entry` for (layer, kv head g) start, in elements
+  int64_t block_start(int64_t entry, int64_t layer, int64_t g, int64_t kv_heads, int64_t head_dim) const {
+    return ((table[entry] * pool_layers + layer0 + layer) * kv_heads + g) * block_tokens * head_dim;
   }
 };
 

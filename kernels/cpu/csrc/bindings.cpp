@@ -102,13 +102,17 @@ struct BoundModel {
   }
 
   // The rows of a pass laid out by its segment table ([S, 6]: row0, rows, pos0, attend_len,
-  // visibility, block_size), each segment over its own key and value cache.
+  // visibility, block_size), each segment over its request's block table (int64 block ids) into
+  // a pool of keys and values ([blocks, pool_layers, kv_heads, block_tokens, head_dim]); this
+  // model's layers are the pool's layers [layer0, layer0 + layers).
   void lay_out(dllm::Pass& pass, std::vector<int64_t>& positions, const at::Tensor& segments,
-               const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values) const {
+               const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& keys,
+               const std::vector<at::Tensor>& values, int64_t layer0) const {
     need(segments.scalar_type() == at::kLong && segments.is_contiguous(), "index tensors must be contiguous int64");
     const int64_t count = segments.size(0);
     need(segments.dim() == 2 && segments.size(1) == 6, "segments must be [S, 6]");
-    need(int64_t(keys.size()) == count && int64_t(values.size()) == count, "one key and one value cache per segment");
+    need(int64_t(tables.size()) == count && int64_t(keys.size()) == count && int64_t(values.size()) == count,
+         "one block table, key pool and value pool per segment");
     const auto& c = model.config;
     positions.assign(pass.rows, 0);  // each row's position follows from its segment
     pass.positions = positions.data();
@@ -116,16 +120,23 @@ struct BoundModel {
     int64_t covered = 0;
     for (int64_t i = 0; i < count; ++i, s += 6) {
       const at::Tensor& k = keys[i];
-      need_cache(k, "key cache");
-      need(values[i].scalar_type() == k.scalar_type(), "key and value caches must have one dtype");
-      need_cache(values[i], "value cache");
-      need(k.dim() == 4 && k.size(0) == int64_t(model.layers.size()) && k.size(1) == c.kv_heads && k.size(3) == c.head_dim &&
-           values[i].sizes() == k.sizes(), "caches must be [layers, kv_heads, max_len, head_dim]");
-      dllm::Segment seg{s[0], s[1], s[2], s[3], s[4], std::max<int64_t>(1, s[5]), k.data_ptr(),
-                        values[i].data_ptr(), k.size(2), k.scalar_type() == at::kHalf};
+      need_cache(k, "key pool");
+      need(values[i].scalar_type() == k.scalar_type(), "key and value pools must have one dtype");
+      need_cache(values[i], "value pool");
+      need(k.dim() == 5 && layer0 >= 0 && k.size(1) >= layer0 + int64_t(model.layers.size()) &&
+           k.size(2) == c.kv_heads && k.size(4) == c.head_dim && values[i].sizes() == k.sizes(),
+           "pools must be [blocks, layers, kv_heads, block_tokens, head_dim] with this model's layers from layer0");
+      need(k.size(3) > 0 && k.size(3) % 8 == 0, "a pool block must hold a multiple of 8 positions");
+      const at::Tensor& table = tables[i];
+      need(table.scalar_type() == at::kLong && table.is_contiguous() && table.dim() == 1 && table.device().is_cpu(),
+           "block tables must be contiguous int64 vectors");
+      const int64_t* ids = table.data_ptr<int64_t>();
+      for (int64_t b = 0; b < table.numel(); ++b) need(ids[b] >= 0 && ids[b] < k.size(0), "block id out of range");
+      dllm::Segment seg{s[0], s[1], s[2], s[3], s[4], std::max<int64_t>(1, s[5]), k.data_ptr(), values[i].data_ptr(),
+                        ids, table.numel(), k.size(3), k.size(1), layer0, k.scalar_type() == at::kHalf};
       need(seg.row0 == covered && seg.rows > 0 && seg.row0 + seg.rows <= pass.rows, "segments must tile the pass's rows in order");
-      need(seg.pos0 >= 0 && seg.pos0 + seg.rows <= seg.attend_len && seg.attend_len <= seg.max_len,
-           "a segment must see its own rows and fit its cache");
+      need(seg.pos0 >= 0 && seg.pos0 + seg.rows <= seg.attend_len && seg.attend_len <= seg.table_len * seg.block_tokens,
+           "a segment must see its own rows and fit its block table");
       need(seg.pos0 + seg.rows <= c.max_positions, "position past the rope table");
       for (int64_t r = 0; r < seg.rows; ++r) positions[seg.row0 + r] = seg.pos0 + r;
       covered += seg.rows;
@@ -136,8 +147,9 @@ struct BoundModel {
 
   // hidden [out_rows, hidden]; taps [tap_rows, tap_layers * hidden] (empty when no tap layers)
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& tokens, const at::Tensor& adapter_rows,
-                                             const at::Tensor& segments, const std::vector<at::Tensor>& keys,
-                                             const std::vector<at::Tensor>& values, const at::Tensor& out_rows,
+                                             const at::Tensor& segments, const std::vector<at::Tensor>& tables,
+                                             const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                                             int64_t layer0, const at::Tensor& out_rows,
                                              const at::Tensor& tap_layers, const at::Tensor& tap_rows) {
     for (const auto* t : {&tokens, &adapter_rows, &out_rows, &tap_layers, &tap_rows})
       need(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(), "index tensors must be contiguous int64");
@@ -146,7 +158,7 @@ struct BoundModel {
     dllm::Pass pass{tokens.data_ptr<int64_t>(), nullptr, tokens.numel(),
                     adapter_rows.data_ptr<int64_t>(), adapter_rows.numel(), {}, out_rows.data_ptr<int64_t>(),
                     out_rows.numel()};
-    lay_out(pass, positions, segments, keys, values);
+    lay_out(pass, positions, segments, tables, keys, values, layer0);
     const int64_t* tok = pass.tokens;
     for (int64_t r = 0; r < pass.rows; ++r)
       need((tok[r] >= 0 && tok[r] < model.embed.rows) || (tok[r] == c.mask_token && model.mask_embedding), "token id out of range");
@@ -170,14 +182,14 @@ struct BoundModel {
   }
 
   // a draft head's context: features [rows, context width] into the segments' caches
-  void context(const at::Tensor& features, const at::Tensor& segments, const std::vector<at::Tensor>& keys,
-               const std::vector<at::Tensor>& values) {
+  void context(const at::Tensor& features, const at::Tensor& segments, const std::vector<at::Tensor>& tables,
+               const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values, int64_t layer0) {
     need(model.context_fc.weight.data != nullptr, "this model takes no context (it is not a draft head)");
     need_float(features, "features");
     need(features.dim() == 2 && features.size(1) == model.context_fc.weight.cols, "features must be [rows, context width]");
     std::vector<int64_t> positions;
     dllm::Pass pass{nullptr, nullptr, features.size(0), nullptr, 0, {}, nullptr, 0};
-    lay_out(pass, positions, segments, keys, values);
+    lay_out(pass, positions, segments, tables, keys, values, layer0);
     if (pass.rows) model.context(pass, features.data_ptr<float>());
   }
 
