@@ -50,14 +50,16 @@ class _Published:
 
 
 class KVPool:
-    """[blocks, layers, kv_heads, block_tokens, head_dim] keys and values, and who holds which block.
+    """[layers, kv_heads, blocks, block_tokens, head_dim] keys and values, and who holds which block.
+    A kv head's blocks sit side by side, so the blocks a request takes in a row (a fresh request's
+    are consecutive) are one run of memory, as a contiguous cache was: attention streams them.
     Thread-safe: requests reserve from the callers' threads, the scheduler thread does the rest."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, blocks: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", block_tokens: int = BLOCK_TOKENS, max_idle_blocks: int | None = None):
         if blocks < 1 or block_tokens < 8 or block_tokens % 8:
             raise ValueError(f"a KV pool needs >= 1 block of a multiple of 8 positions, got {blocks} x {block_tokens}")
-        shape = (blocks, layers, kv_heads, block_tokens, head_dim)
+        shape = (layers, kv_heads, blocks, block_tokens, head_dim)
         # untouched pages cost no memory: what is resident is the blocks used so far
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
@@ -87,7 +89,7 @@ class KVPool:
     # ---- what it holds ----------------------------------------------------------------------------
     @property
     def block_bytes(self) -> int:
-        return 2 * self.k[0].numel() * self.k.element_size()
+        return 2 * self.k[:, :, 0].numel() * self.k.element_size()
 
     def stats(self) -> dict[str, int]:
         """held: blocks some request lists; listed: table entries in all (> held where blocks are
@@ -189,8 +191,8 @@ class KVPool:
                 return start
             self._reserved -= 1
             own = self._take_locked()
-        self.k[own, :, :, :best_len] = self.k[best, :, :, :best_len]
-        self.v[own, :, :, :best_len] = self.v[best, :, :, :best_len]
+        self.k[:, :, own, :best_len] = self.k[:, :, best, :best_len]
+        self.v[:, :, own, :best_len] = self.v[:, :, best, :best_len]
         self._fill[own] = best_len
         table._adopt(own, None)
         return start + best_len
@@ -316,8 +318,8 @@ class BlockTable:
         positions = torch.arange(start, start + k.shape[0])
         blocks = self.ids()[positions // B].to(device)
         slots = (positions % B).to(device)
-        self.pool.k[blocks, self.layer0 + layer, :, slots] = k.to(self.dtype)
-        self.pool.v[blocks, self.layer0 + layer, :, slots] = v.to(self.dtype)
+        self.pool.k[self.layer0 + layer][:, blocks, slots] = k.transpose(0, 1).to(self.dtype)
+        self.pool.v[self.layer0 + layer][:, blocks, slots] = v.transpose(0, 1).to(self.dtype)
 
     def read(self, layer: int, end: int) -> tuple[Tensor, Tensor]:
         """Keys and values [kv_heads, end, head_dim] of positions [0, end) at `layer`."""
@@ -325,8 +327,7 @@ class BlockTable:
         ids = self.ids()[:-(-end // B)].to(self.pool.k.device)
 
         def gather(pool: Tensor) -> Tensor:
-            blocks = pool[ids, self.layer0 + layer]  # [n, kv_heads, B, head_dim]
-            return blocks.transpose(0, 1).flatten(1, 2)[:, :end]
+            return pool[self.layer0 + layer][:, ids].flatten(1, 2)[:, :end]  # [kv_heads, n * B, head_dim]
 
         return gather(self.pool.k), gather(self.pool.v)
 

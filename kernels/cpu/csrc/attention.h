@@ -12,10 +12,11 @@ namespace dllm {
 enum Visibility : int64_t { kFull = 0, kCausal = 1, kBlocks = 2 };
 
 // A run of one request's rows in the pass (see dllm_engine.models.transformer.Segment). Its
-// keys and values live in fixed-size blocks of a pool ([blocks, pool_layers, kv_heads,
-// block_tokens, head_dim]); `table` lists the request's blocks in position order, so position p
-// is slot p % block_tokens of block table[p / block_tokens]. Requests that share a prompt head
-// list the same blocks.
+// keys and values live in fixed-size blocks of a pool ([pool_layers, kv_heads, pool_blocks,
+// block_tokens, head_dim]: a kv head's blocks side by side, so a request's blocks taken in a row
+// are one run of memory); `table` lists the request's blocks in position order, so position p is
+// slot p % block_tokens of block table[p / block_tokens]. Requests that share a prompt head list
+// the same blocks.
 struct Segment {
   int64_t row0, rows;    // rows [row0, row0 + rows) of the pass
   int64_t pos0;          // position of the first row in the request's sequence
@@ -27,7 +28,7 @@ struct Segment {
   const int64_t* table;  // the request's blocks
   int64_t table_len;
   int64_t block_tokens;  // positions a block holds (a multiple of 8)
-  int64_t pool_layers;   // layers a block holds
+  int64_t pool_blocks;   // blocks the pool holds
   int64_t layer0;        // the pool layer of this model's layer 0 (a draft head's sit after the target's)
   bool half;             // keys and values stored as fp16 (half the bytes attention reads)
 
@@ -40,7 +41,7 @@ struct Segment {
 
   // where the slots of table entry `entry` for (layer, kv head g) start, in elements
   int64_t block_start(int64_t entry, int64_t layer, int64_t g, int64_t kv_heads, int64_t head_dim) const {
-    return ((table[entry] * pool_layers + layer0 + layer) * kv_heads + g) * block_tokens * head_dim;
+    return (((layer0 + layer) * kv_heads + g) * pool_blocks + table[entry]) * block_tokens * head_dim;
   }
 };
 

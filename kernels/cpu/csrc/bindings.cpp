@@ -103,7 +103,7 @@ struct BoundModel {
 
   // The rows of a pass laid out by its segment table ([S, 6]: row0, rows, pos0, attend_len,
   // visibility, block_size), each segment over its request's block table (int64 block ids) into
-  // a pool of keys and values ([blocks, pool_layers, kv_heads, block_tokens, head_dim]); this
+  // a pool of keys and values ([pool_layers, kv_heads, blocks, block_tokens, head_dim]); this
   // model's layers are the pool's layers [layer0, layer0 + layers).
   void lay_out(dllm::Pass& pass, std::vector<int64_t>& positions, const at::Tensor& segments,
                const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& keys,
@@ -123,17 +123,17 @@ struct BoundModel {
       need_cache(k, "key pool");
       need(values[i].scalar_type() == k.scalar_type(), "key and value pools must have one dtype");
       need_cache(values[i], "value pool");
-      need(k.dim() == 5 && layer0 >= 0 && k.size(1) >= layer0 + int64_t(model.layers.size()) &&
-           k.size(2) == c.kv_heads && k.size(4) == c.head_dim && values[i].sizes() == k.sizes(),
-           "pools must be [blocks, layers, kv_heads, block_tokens, head_dim] with this model's layers from layer0");
+      need(k.dim() == 5 && layer0 >= 0 && k.size(0) >= layer0 + int64_t(model.layers.size()) &&
+           k.size(1) == c.kv_heads && k.size(4) == c.head_dim && values[i].sizes() == k.sizes(),
+           "pools must be [layers, kv_heads, blocks, block_tokens, head_dim] with this model's layers from layer0");
       need(k.size(3) > 0 && k.size(3) % 8 == 0, "a pool block must hold a multiple of 8 positions");
       const at::Tensor& table = tables[i];
       need(table.scalar_type() == at::kLong && table.is_contiguous() && table.dim() == 1 && table.device().is_cpu(),
            "block tables must be contiguous int64 vectors");
       const int64_t* ids = table.data_ptr<int64_t>();
-      for (int64_t b = 0; b < table.numel(); ++b) need(ids[b] >= 0 && ids[b] < k.size(0), "block id out of range");
+      for (int64_t b = 0; b < table.numel(); ++b) need(ids[b] >= 0 && ids[b] < k.size(2), "block id out of range");
       dllm::Segment seg{s[0], s[1], s[2], s[3], s[4], std::max<int64_t>(1, s[5]), k.data_ptr(), values[i].data_ptr(),
-                        ids, table.numel(), k.size(3), k.size(1), layer0, k.scalar_type() == at::kHalf};
+                        ids, table.numel(), k.size(3), k.size(2), layer0, k.scalar_type() == at::kHalf};
       need(seg.row0 == covered && seg.rows > 0 && seg.row0 + seg.rows <= pass.rows, "segments must tile the pass's rows in order");
       need(seg.pos0 >= 0 && seg.pos0 + seg.rows <= seg.attend_len && seg.attend_len <= seg.table_len * seg.block_tokens,
            "a segment must see its own rows and fit its block table");
