@@ -70,23 +70,33 @@ def check_prefix_lens(prefix_lens: torch.Tensor | list[int], block_len: int, cac
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
                       scale: float | None = None) -> torch.Tensor:
     """One sequence's grouped-query attention: q [T, Hq, D] against keys/values [Hkv, L, D],
-    mask [T, L] bool (True = may attend) or None -> [T, Hq*D].
+    mask [T, L] bool (True = may attend) or None -> [T, Hq*D]."""
+    return batched_grouped_attention(q[None], keys[None], values[None], None if mask is None else mask[None], scale)[0]
 
-    Two batched matmuls with the query heads of a KV group stacked, because at the engine's
-    sizes (a few to a few dozen queries) torch's CPU flash-attention kernel costs ~20 ms a call
+
+def batched_grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                              scale: float | None = None) -> torch.Tensor:
+    """Grouped-query attention of S sequences padded to one shape: q [S, T, Hq, D] against
+    keys/values [S, Hkv, L, D], mask [S, T, L] bool (True = may attend; every row must see a
+    key) or None -> [S, T, Hq*D].
+
+    Batched matmuls with the query heads of a KV group stacked, because at the engine's sizes (a
+    few to a few dozen queries) torch's CPU flash-attention kernel costs ~20 ms a call
     (measured), an order of magnitude more than this. Scores and softmax in float32."""
-    tokens, q_heads, dim = q.shape
-    kv_heads = keys.shape[0]
+    seqs, tokens, q_heads, dim = q.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
     group = q_heads // kv_heads
     scale = scale if scale is not None else dim**-0.5
-    stacked = q.reshape(tokens, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(kv_heads, group * tokens, dim)
+    stacked = (q.reshape(seqs, tokens, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+               .reshape(seqs * kv_heads, group * tokens, dim))
     # scores in float32 even for bf16 inputs: attention-sink logits are large, and a bf16
     # score (8 mantissa bits) rounded them enough to turn SmolLM2's answers to nonsense
-    scores = torch.bmm(stacked.float(), keys.float().transpose(1, 2)) * scale
+    scores = torch.bmm(stacked.float(), keys.reshape(seqs * kv_heads, length, dim).float().transpose(1, 2)) * scale
     if mask is not None:
-        scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
-    out = torch.bmm(torch.softmax(scores, dim=-1).to(values.dtype), values)
-    return out.reshape(kv_heads, group, tokens, dim).permute(2, 0, 1, 3).reshape(tokens, q_heads * dim)
+        hidden = ~mask[:, None, None].expand(seqs, kv_heads, group, tokens, length)
+        scores = scores.masked_fill(hidden.reshape(seqs * kv_heads, group * tokens, length), float("-inf"))
+    out = torch.bmm(torch.softmax(scores, dim=-1).to(values.dtype), values.reshape(seqs * kv_heads, length, dim))
+    return out.reshape(seqs, kv_heads, group, tokens, dim).permute(0, 3, 1, 2, 4).reshape(seqs, tokens, q_heads * dim)
 
 
 def reference(

@@ -1,6 +1,6 @@
 """Soak: scripted voice sessions with barge-ins against one server for 30-60 minutes, recording
-the server's RSS, each turn's latency and the server's event-loop lag. Prints JSON (and a table
-on stderr); docs/benchmarks.md keeps the last run.
+the server's RSS, each turn's latency, the server's event-loop lag and its engine's KV pool.
+Prints JSON (and a table on stderr); docs/benchmarks.md keeps the last run.
 
     .venv/bin/python scripts/soak.py --minutes 30 --sessions 2 --report soak.json
 
@@ -8,7 +8,12 @@ Starts `voice-app serve` on a free port (its RSS is sampled every --sample-s sec
 `voice-app loadtest`'s simulated users (the default script: questions, a long story talked
 over 600 ms into its audio, a pause inside a turn, a backchannel) for the whole time.
 `rss_growth_after_warmup` compares the median RSS of the minute after the warm-up with that of
-the last minute; flat is under 5 %.
+the last minute; flat is under 5 %. `kv` summarises the KV pool's gauges over the samples taken
+while the engine held blocks: its bytes, table entries per block held (above 1: shared prompt
+heads) and positions held per position written (1.0: no copies and no unused room). A short run
+with many sessions measures the pool under load:
+
+    .venv/bin/python scripts/soak.py --minutes 3 --sessions 8 --sample-s 0.5 --warmup-s 60
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import asyncio
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -51,8 +57,32 @@ class Sampler:
             health = await asyncio.to_thread(healthz, self.base_url)
             self.samples.append({"t_s": round(time.monotonic() - self.started, 1), "rss_mb": round(self.rss_mb(), 1),
                                  "loop_lag_ms": health.get("event_loop_lag_ms"),
-                                 "engine_alive": health["engine"]["alive"], "live_sessions": health["live_sessions"]})
+                                 "engine_alive": health["engine"]["alive"], "live_sessions": health["live_sessions"],
+                                 **await asyncio.to_thread(kv_gauges, self.base_url)})
             await asyncio.sleep(self.every_s)
+
+
+KV_GAUGES = {"voice_engine_kv_cache_bytes": "kv_bytes", "voice_engine_kv_promised_bytes": "kv_promised_bytes",
+             "voice_engine_kv_shared_ratio": "kv_shared_ratio",
+             "voice_engine_kv_held_per_written_ratio": "kv_held_per_written"}
+
+
+def kv_gauges(base_url: str) -> dict:
+    """The KV pool's gauges from the server's /metrics."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as reply:
+        lines = reply.read().decode().splitlines()
+    values = dict(line.split()[:2] for line in lines if line and not line.startswith("#"))
+    return {key: float(values[name]) for name, key in KV_GAUGES.items() if name in values}
+
+
+def kv_summary(samples: list[dict]) -> dict:
+    held = [s for s in samples if s.get("kv_promised_bytes")]  # live requests held blocks
+    mib = lambda values: percentiles([v / 2**20 for v in values])  # noqa: E731
+    return {"samples": len(held),
+            "bytes_mib": mib([s["kv_bytes"] for s in held]),
+            "promised_mib": mib([s["kv_promised_bytes"] for s in held]),
+            "shared_ratio": percentiles([s["kv_shared_ratio"] for s in held], digits=3),
+            "held_per_written": percentiles([s["kv_held_per_written"] for s in held], digits=3)}
 
 
 def median_rss(samples: list[dict], start_s: float, end_s: float) -> float | None:
@@ -60,12 +90,13 @@ def median_rss(samples: list[dict], start_s: float, end_s: float) -> float | Non
     return round(statistics.median(window), 1) if window else None
 
 
-def percentiles(values: list[float]) -> dict:
+def percentiles(values: list[float], digits: int = 1) -> dict:
     if not values:
         return {}
     ordered = sorted(values)
-    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)  # noqa: E731
-    return {"p50": pick(0.5), "p95": pick(0.95), "p99": pick(0.99), "max": round(ordered[-1], 1), "n": len(ordered)}
+    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], digits)  # noqa: E731
+    return {"p50": pick(0.5), "p95": pick(0.95), "p99": pick(0.99), "max": round(ordered[-1], digits),
+            "n": len(ordered)}
 
 
 def summarize(level: dict, samples: list[dict], minutes: float, warmup_s: float) -> dict:
@@ -86,18 +117,27 @@ def summarize(level: dict, samples: list[dict], minutes: float, warmup_s: float)
                                                if t.get("barge_in_to_cleared_ms") is not None]),
         "loop_lag_ms_10s_max": percentiles(lags),
         "engine_alive_throughout": all(s["engine_alive"] for s in samples),
+        "kv": kv_summary(samples),
     }
 
 
 def table(summary: dict) -> str:
     rss, first, lag = summary["rss_mb"], summary["eos_to_first_audio_ms"], summary["loop_lag_ms_10s_max"]
+    kv = summary["kv"]
     return "\n".join([
         "| minutes | sessions | turns | errors | RSS start / after warm-up / end MB | growth after warm-up "
         "| eos -> first audio p50 / p95 ms | loop lag p50 / p99 / max ms |",
         "|---:|---:|---:|---:|---|---:|---|---|",
         f"| {summary['minutes']} | {summary['sessions']} | {summary['turns']} | {summary['errors']} "
         f"| {rss['start']} / {rss['after_warmup']} / {rss['end']} | {summary['rss_growth_after_warmup']} "
-        f"| {first.get('p50')} / {first.get('p95')} | {lag.get('p50')} / {lag.get('p99')} / {lag.get('max')} |"])
+        f"| {first.get('p50')} / {first.get('p95')} | {lag.get('p50')} / {lag.get('p99')} / {lag.get('max')} |",
+        "",
+        "| KV pool | p50 | p95 | max |",
+        "|---|---:|---:|---:|",
+        *(f"| {name} | {kv[key].get('p50')} | {kv[key].get('p95')} | {kv[key].get('max')} |"
+          for name, key in [("blocks in use, MiB", "bytes_mib"), ("promised to live requests, MiB", "promised_mib"),
+                            ("table entries per block held", "shared_ratio"),
+                            ("positions held per position written", "held_per_written")])])
 
 
 async def soak(args: argparse.Namespace, url: str, base_url: str, pid: int) -> dict:

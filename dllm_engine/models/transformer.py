@@ -1,8 +1,9 @@
 """The decoder stack every family shares, with two ways to run it:
 
 - `forward_segments`: the engine's path. Tokens of many requests are packed into one
-  [N, hidden] batch so every matmul is shared; attention runs per request against that
-  request's own KV cache (a `Segment` says where its tokens sit and what they may see).
+  [N, hidden] batch so every matmul is shared; attention reads and writes each request's
+  blocks of the shared KV pool (a `Segment` says where its tokens sit and what they may see),
+  every request in one batched call a layer (paged_attention.py).
 - `forward_dense`: a padded [batch, seq] pass with an explicit 4D mask, for training and
   for comparing against reference implementations.
 """
@@ -19,8 +20,8 @@ from torch import Tensor, nn
 from dllm_engine.models.config import ModelConfig
 from dllm_engine.models.kv_pool import BlockTable
 from dllm_engine.models.layers import MLP, LoRA, Projection, RMSNorm, RotaryEmbedding, apply_rotary
-from kernels import block_attention, quantize_activations
-from kernels.block_attention import grouped_attention
+from dllm_engine.models.paged_attention import PagedAttention
+from kernels import quantize_activations
 
 
 @dataclass
@@ -140,18 +141,11 @@ class Transformer(nn.Module):
             gate = gate.to(device)
         x = self.embed(tokens)
         cos, sin = self.rope.tables(positions, x.dtype)
-        masks = [None if m is None else m.to(device) for m in map(_visibility_mask, segments)]
+        attention = PagedAttention(segments, device)
         tapped: dict[int, Tensor] = {}
-        block_prefixes = [None if p is None else p.to(device) for p in map(_block_prefix, segments)]
         for index, layer in enumerate(self.layers):
             q, k, v = layer.project_qkv(x, cos, sin, gate)
-            outputs, offset = [], 0
-            for segment, mask, prefix in zip(segments, masks, block_prefixes):
-                rows = slice(offset, offset + segment.tokens.numel())
-                outputs.append(_attend_cached(index, segment, mask, prefix, q[rows], k[rows], v[rows]))
-                offset = rows.stop
-            attn = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-            x = layer.finish(x, attn, gate)
+            x = layer.finish(x, attention(index, q, k, v), gate)
             if tap_layers and index in tap_layers:
                 tapped[index] = x
         if tap_layers:
@@ -180,32 +174,3 @@ class Transformer(nn.Module):
             )
             x = layer.finish(x, out.transpose(1, 2).flatten(2), adapter_gate)
         return self.final_norm(x)
-
-
-def _visibility_mask(segment: Segment) -> Tensor | None:
-    """Bool [queries, keys] (True = may attend), or None when every key is visible."""
-    if segment.visibility == "full":
-        return None
-    n, start = segment.tokens.numel(), segment.start
-    query_pos = torch.arange(start, start + n).unsqueeze(1)
-    if segment.visibility == "blocks":  # a query sees up to the end of its own block
-        query_pos = start + ((query_pos - start) // segment.block_size + 1) * segment.block_size - 1
-    return torch.arange(segment.attend_len).unsqueeze(0) <= query_pos
-
-
-def _block_prefix(segment: Segment) -> Tensor | None:
-    """[start] when the segment is a query block over the cache before it and itself (what
-    `kernels.block_attention` computes), else None."""
-    is_block = segment.visibility == "full" and segment.attend_len == segment.start + segment.tokens.numel()
-    return torch.tensor([segment.start]) if is_block else None
-
-
-def _attend_cached(layer: int, segment: Segment, mask: Tensor | None, block_prefix: Tensor | None,
-                   q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    cache, n = segment.cache, segment.tokens.numel()
-    cache.write(layer, segment.start, k, v)
-    keys, values = cache.read(layer, segment.attend_len)
-    if block_prefix is not None:
-        out = block_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), block_prefix)
-        return out[0].transpose(0, 1).reshape(n, -1)
-    return grouped_attention(q, keys, values, mask)
