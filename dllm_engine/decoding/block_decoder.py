@@ -177,6 +177,9 @@ class BlockCausalDecoder(BlockDecoderBase):
     # a prompt longer than this prefills a chunk a pass (0: all at once); the engine sets it, so
     # a live reply batched with a long prompt waits for one chunk, not for the whole prefill
     prefill_chunk = 0
+    # past this many written positions a chunk shrinks in proportion (down to a quarter): its
+    # rows' attention reads the whole context, so rows x context, not rows, is what a pass costs
+    CHUNK_CONTEXT = 512
 
     def __init__(self, *args, adapter: bool, bidirectional_clean_blocks: bool, verify_drafts: int = 0,
                  exact: bool = False, **kwargs):
@@ -219,11 +222,16 @@ class BlockCausalDecoder(BlockDecoderBase):
         self.written = length
         self.unwritten = list(self.prompt_ids[length:])
 
+    def chunk_size(self) -> int:
+        """Prompt tokens the next chunk writes: prefill_chunk, fewer over a long context."""
+        shrunk = self.prefill_chunk * self.CHUNK_CONTEXT // max(self.CHUNK_CONTEXT, self.written)
+        return max(shrunk, self.prefill_chunk // 4, 1)
+
     def _chunk_plan(self) -> StepPlan | None:
         """The next chunk of a long prompt, written causally with nothing predicted yet."""
-        if not (self.sliding and self.prefill_chunk and not self.reply and len(self.unwritten) > self.prefill_chunk):
+        if not (self.sliding and self.prefill_chunk and not self.reply and len(self.unwritten) > self.chunk_size()):
             return None
-        tokens = torch.tensor(self.unwritten[:self.prefill_chunk])
+        tokens = torch.tensor(self.unwritten[:self.chunk_size()])
         end = self.written + len(tokens)
         return StepPlan([Segment(tokens, self.written, self.cache, end, "causal")], writes=len(tokens))
 

@@ -103,8 +103,8 @@ def _decoder(block_size=4, max_new_tokens=8, stop_at_eos=True, verify_drafts=0):
     config = ModelConfig(
         family="llama_bd", vocab_size=100, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
         num_kv_heads=1, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=64)
-    return BlockCausalDecoder([5, 6, 7], BlockTable.standalone(config, 32, torch.float32), block_size, max_new_tokens, MASK, {EOS},
-                              True, stop_at_eos, adapter=True, bidirectional_clean_blocks=False,
+    return BlockCausalDecoder([5, 6, 7], BlockTable.standalone(config, 32, torch.float32), block_size, max_new_tokens,
+                              MASK, {EOS}, True, stop_at_eos, adapter=True, bidirectional_clean_blocks=False,
                               verify_drafts=verify_drafts)
 
 
@@ -214,6 +214,18 @@ def test_factor_policy_follows_the_rank_rule():
     # k=1 needs >= 1 - 1/2 = 0.5, k=2 needs >= 0.667, k=3 needs >= 0.75
     chosen = FactorPolicy(1.0).select(torch.tensor([0.7, 0.9, 0.6]))
     assert chosen.tolist() == [True, True, False]
+
+
+def test_prefill_chunks_shrink_as_the_context_they_attend_to_grows():
+    """A chunk's rows read the whole context: past CHUNK_CONTEXT positions the chunk shrinks in
+    proportion, so a pass batched with it costs about the same (down to a quarter)."""
+    decoder = _decoder()
+    decoder.prefill_chunk = 64
+    sizes = {}
+    for written in (0, 512, 1024, 2048, 4096):
+        decoder.written = written
+        sizes[written] = decoder.chunk_size()
+    assert sizes == {0: 64, 512: 64, 1024: 32, 2048: 16, 4096: 16}
 
 
 def test_fixed_steps_policy_spreads_commits_over_the_steps_left():

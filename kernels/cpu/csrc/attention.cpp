@@ -19,6 +19,7 @@ namespace {
 
 constexpr int64_t kRowsPerItem = 8;
 constexpr int64_t kRowsForHeadItems = 16;  // segments this short get an item per query head
+constexpr int64_t kSpanKeys = 32;           // keys read at a time where blocks lie side by side
 
 struct Item {
   int64_t segment, group, first, count;
@@ -96,7 +97,7 @@ inline void scores8(const float* q, const T* K, int64_t d, float* s) {
   _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31)));
 }
 
-// s[j] = q · K[j] for the first n keys of a block: 8 at a time, then one by one; a block starts
+// s[j] = q · K[j] for the first n keys of a span: 8 at a time, then one by one; a span starts
 // at a multiple of 8 positions, so every key is scored by the same code whatever the range.
 template <typename T>
 void scores(const float* q, const T* K, int64_t d, int64_t n, float* s) {
@@ -117,7 +118,7 @@ void scores(const float* q, const T* K, int64_t d, int64_t n, float* s) {
   }
 }
 
-// O[0:d) += sum_{j < n} P[j] V[j, 0:d) over the first n keys of a block: each lane accumulates
+// O[0:d) += sum_{j < n} P[j] V[j, 0:d) over the first n keys of a span: each lane accumulates
 // over the keys in order, so a row's output is the same however its keys are cut into blocks (a
 // key past a row's limit is never visited). d = 64: all 64 columns of a head at once, 8
 // independent FMA chains.
@@ -141,8 +142,9 @@ void weighted_values(const float* P, int64_t n, const T* V, int64_t d, float* O)
 }
 
 // One item: every (row, query head) of it is a query over the same kv head's keys and values.
-// The keys go a pool block at a time (16 keys: 4 KB of K or V at d = 64 in fp32, kept in L1),
-// and each block serves every query before the next is read: the kv head is read once per item,
+// The keys go a span at a time (a pool block, or up to kSpanKeys where the table's blocks are
+// side by side in the pool: 8 KB of K or V at d = 64 in fp32, kept in L1), and each span serves
+// every query before the next is read: the kv head is read once per item,
 // not once per row and head. Each query's arithmetic is the same as alone (scores per key,
 // softmax over its prefix, values in key order), so the grouping never changes its bits.
 template <typename T>
@@ -158,6 +160,12 @@ void attend_item(const Item& item, const Segment& seg, int64_t layer, const Atte
   auto keys_of = [&](const void* pool, int64_t j0) {  // the block holding keys j0.. (j0 % B == 0)
     return static_cast<const T*>(pool) + seg.block_start(j0 / B, layer, item.group, shape.kv_heads, d);
   };
+  auto span_of = [&](int64_t j0) {  // keys from j0 that lie in one run of memory
+    int64_t span = B;
+    while (span < kSpanKeys && j0 + span < longest && seg.table[(j0 + span) / B] == seg.table[j0 / B] + span / B)
+      span += B;
+    return span;
+  };
   auto row_of = [&](int64_t i) { return seg.row0 + item.first + i / item.heads; };
   auto limit_of = [&](int64_t i) { return seg.key_limit(item.first + i / item.heads); };
   auto out_of = [&](int64_t i) { return out + row_of(i) * shape.heads * d + (first_head + i % item.heads) * d; };
@@ -165,22 +173,24 @@ void attend_item(const Item& item, const Segment& seg, int64_t layer, const Atte
     const float* src = q + row_of(i) * ldq + (first_head + i % item.heads) * d;
     for (int64_t c = 0; c < d; ++c) Q[i * d + c] = src[c] * scale;
   }
-  for (int64_t j0 = 0; j0 < longest; j0 += B) {
+  for (int64_t j0 = 0, span = 0; j0 < longest; j0 += span) {
+    span = span_of(j0);
     const T* K = keys_of(seg.k, j0);
     for (int64_t i = 0; i < queries; ++i) {
       const int64_t limit = limit_of(i);
-      if (j0 < limit) scores(Q + i * d, K, d, std::min(limit - j0, B), S + i * longest + j0);
+      if (j0 < limit) scores(Q + i * d, K, d, std::min(limit - j0, span), S + i * longest + j0);
     }
   }
   for (int64_t i = 0; i < queries; ++i) {
     softmax_prefix(S + i * longest, limit_of(i), limit_of(i));
     std::fill(out_of(i), out_of(i) + d, 0.0f);
   }
-  for (int64_t j0 = 0; j0 < longest; j0 += B) {
+  for (int64_t j0 = 0, span = 0; j0 < longest; j0 += span) {
+    span = span_of(j0);
     const T* V = keys_of(seg.v, j0);
     for (int64_t i = 0; i < queries; ++i) {
       const int64_t limit = limit_of(i);
-      if (j0 < limit) weighted_values(S + i * longest + j0, std::min(limit - j0, B), V, d, out_of(i));
+      if (j0 < limit) weighted_values(S + i * longest + j0, std::min(limit - j0, span), V, d, out_of(i));
     }
   }
 }
