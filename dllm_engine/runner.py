@@ -96,14 +96,14 @@ class TorchDraftHead:
     def write_context(self, runs: list[tuple[Tensor, int, object]]) -> None:
         for features, start, cache in runs:
             self.head.write_context(features.to(self.target.embed_tokens.dtype), start,
-                                    cache.view(self.first_layer, self.head.spec.layers), self.target.rope)
+                                    cache.view(self.first_layer), self.target.rope)
 
     def draft(self, blocks: list[tuple[int, int, object]]) -> list[list[int]]:
         vocab = self.vocab.to(self.target.embed_tokens.device)
         weight = self.target.output_weight[vocab]
         drafted = []
         for first, start, cache in blocks:
-            hidden = self.head.draft_block(first, start, cache.view(self.first_layer, self.head.spec.layers),
+            hidden = self.head.draft_block(first, start, cache.view(self.first_layer),
                                            self.target.embed_tokens, self.target.rope)
             index = confidence_head(self.target.head_input(hidden[1:]), weight)[0]
             drafted.append(vocab[index].tolist())

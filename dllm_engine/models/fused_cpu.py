@@ -195,7 +195,8 @@ class FusedCpuModel:
             row0 += count
         tokens = torch.cat([s.tokens for s in segments]).long()
         return self._model.forward(tokens, torch.tensor(adapter_rows, dtype=torch.long),
-                                   torch.tensor(table, dtype=torch.long).reshape(-1, 6), *_blocks([s.cache for s in segments], 0),
+                                   torch.tensor(table, dtype=torch.long).reshape(-1, 6),
+                                   *_blocks([s.cache for s in segments], 0),
                                    torch.tensor(rows, dtype=torch.long), torch.tensor(tap_layers, dtype=torch.long),
                                    torch.tensor(tap_rows, dtype=torch.long))
 

@@ -56,7 +56,8 @@ class KVPool:
     Thread-safe: requests reserve from the callers' threads, the scheduler thread does the rest."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, blocks: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", block_tokens: int = BLOCK_TOKENS, max_idle_blocks: int | None = None):
+                 device: torch.device | str = "cpu", block_tokens: int = BLOCK_TOKENS,
+                 max_idle_blocks: int | None = None):
         if blocks < 1 or block_tokens < 8 or block_tokens % 8:
             raise ValueError(f"a KV pool needs >= 1 block of a multiple of 8 positions, got {blocks} x {block_tokens}")
         shape = (layers, kv_heads, blocks, block_tokens, head_dim)
@@ -134,7 +135,7 @@ class KVPool:
                 self._free.append(self._evict_oldest())
 
     def filled(self, block: int, slots: int) -> None:
-        """A pass writes slots [0, slots) of the block (earlier blocks of its table are full)."""
+        """A pass writes slots [0, slots) of the block."""
         self._fill[block] = max(self._fill[block], slots)
 
     def _take_locked(self) -> int:
@@ -191,9 +192,9 @@ class KVPool:
                 return start
             self._reserved -= 1
             own = self._take_locked()
-        self.k[:, :, own, :best_len] = self.k[:, :, best, :best_len]
-        self.v[:, :, own, :best_len] = self.v[:, :, best, :best_len]
-        self._fill[own] = best_len
+            self.k[:, :, own, :best_len] = self.k[:, :, best, :best_len]  # under the lock: `best` stays put
+            self.v[:, :, own, :best_len] = self.v[:, :, best, :best_len]
+            self._fill[own] = best_len
         table._adopt(own, None)
         return start + best_len
 
@@ -227,12 +228,6 @@ class KVPool:
     def _publish_locked(self, block: int, meta: _Published) -> None:
         self._published[block] = meta
         self._after.setdefault(meta.parent, set()).add(block)
-
-    def clear_idle(self) -> None:
-        """Forgets every cached block nobody lists."""
-        with self._lock:
-            while self._idle:
-                self._free.append(self._evict_oldest())
 
 
 class BlockTable:
@@ -306,9 +301,9 @@ class BlockTable:
         self.pool.unreserve(self._reserved)
         self.blocks, self.keys, self._reserved, self._ids = [], [], 0, None
 
-    def view(self, first: int, count: int) -> "BlockTable":
+    def view(self, first: int) -> "BlockTable":
         """The same blocks read from pool layer `first` on (a draft head's own layers)."""
-        return _LayerView(self, first, count)
+        return _LayerView(self, first)
 
     # ---- the torch pass's reads and writes ---------------------------------------------------------
     def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> None:
@@ -335,10 +330,10 @@ class BlockTable:
 class _LayerView(BlockTable):
     """A table's blocks at other layers (shares its blocks; never reserves or releases)."""
 
-    def __init__(self, table: BlockTable, first: int, count: int):  # noqa: super().__init__ would reserve
+    def __init__(self, table: BlockTable, first: int):
+        # not BlockTable.__init__: that would reserve blocks of its own
         self._table, self.pool, self.max_len, self.has_head = table, table.pool, table.max_len, table.has_head
         self.layer0 = table.layer0 + first
-        self.layer_count = count
 
     @property
     def blocks(self) -> list[int]:
