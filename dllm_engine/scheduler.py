@@ -103,12 +103,19 @@ class Scheduler:
         return list(self.live)
 
     def plan(self, batch: list[LiveRequest]) -> tuple[list[LiveRequest], list[StepPlan]]:
-        """Each request's plan for this pass; a request whose plan fails ends alone."""
+        """Each request's plan for this pass; a request whose plan fails ends alone. At most one
+        long prompt's chunk joins a pass (a foreground request's first, then the oldest): a reply
+        in the batch waits for one chunk of prefill a step, however many prompts arrive at once."""
         planned = []
         for request in batch:
             plan = self._guarded(request, request.decoder.plan)
             if plan is not None:
                 planned.append((request, plan))
+        chunks = [(r.handle.background, r.submitted, i) for i, (r, p) in enumerate(planned) if p.is_prefill_chunk]
+        if len(chunks) > 1:  # plans are pure: the others make the same plan next pass
+            kept = min(chunks)[2]
+            waiting = {i for _, _, i in chunks} - {kept}
+            planned = [step for i, step in enumerate(planned) if i not in waiting]
         return [r for r, _ in planned], [p for _, p in planned]
 
     # ---- after the pass ------------------------------------------------------------------------

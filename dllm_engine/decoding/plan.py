@@ -32,3 +32,8 @@ class StepPlan:
     # how many of the decoder's unwritten tokens this pass writes (all, unless a long prompt
     # prefills in chunks: then a chunk, and nothing is predicted)
     writes: int = 0
+
+    @property
+    def is_prefill_chunk(self) -> bool:
+        """A chunk of a long prompt: written, nothing predicted yet."""
+        return self.writes > 0 and not self.targets

@@ -228,6 +228,29 @@ def test_prefill_chunks_shrink_as_the_context_they_attend_to_grows():
     assert sizes == {0: 64, 512: 64, 1024: 32, 2048: 16, 4096: 16}
 
 
+def test_one_long_prompts_chunk_joins_a_pass_a_foreground_ones_first():
+    config = ModelConfig(
+        family="llama_bd", vocab_size=100, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+        num_kv_heads=1, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=128)
+
+    def request(prompt_len: int, background: bool, submitted: float) -> LiveRequest:
+        decoder = BlockCausalDecoder(list(range(10, 10 + prompt_len)), BlockTable.standalone(config, 64, torch.float32),
+                                     1, 4, MASK, {EOS}, True, True, adapter=False, bidirectional_clean_blocks=False)
+        decoder.prefill_chunk = 8
+        return LiveRequest(handle=RequestHandle(int(submitted), background=background), params=GenerationParams(),
+                           decoder=decoder, policy=ThresholdPolicy(0.9), threshold=0.9, submitted=submitted,
+                           deadline=None, generator=None)
+
+    scheduler = Scheduler(decode=lambda ids: "", clock=lambda: 0.0, share_prefixes=False)
+    draft, reply, later = request(40, True, 1.0), request(40, False, 2.0), request(40, False, 3.0)
+    short = request(3, False, 4.0)
+    batch, plans = scheduler.plan([draft, reply, later, short])
+    assert batch == [reply, short]  # the other chunks wait: their plans are the same next pass
+    assert [p.is_prefill_chunk for p in plans] == [True, False]
+    batch, _ = scheduler.plan([draft, later])
+    assert batch == [later]
+
+
 def test_fixed_steps_policy_spreads_commits_over_the_steps_left():
     chosen = FixedStepsPolicy(4).select(torch.tensor([0.1, 0.9, 0.5, 0.7, 0.2, 0.3]), steps_left=3)
     assert chosen.tolist() == [False, True, False, True, False, False]
