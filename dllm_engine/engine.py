@@ -316,8 +316,15 @@ class Engine:
 
     # ---- request setup ---------------------------------------------------------------------
     def _make_request(self, ids: list[int], params: GenerationParams) -> LiveRequest:
-        config = self.config
         decoder = make_decoder(self.loaded, ids, params, self.kv_pool, self.draft_chooser)
+        try:
+            return self._request_around(decoder, ids, params)
+        except BaseException:  # e.g. a policy the parameters name wrongly: its blocks are not kept
+            decoder.cache.release()
+            raise
+
+    def _request_around(self, decoder, ids: list[int], params: GenerationParams) -> LiveRequest:
+        config = self.config
         decoder.prefill_chunk = self.prefill_chunk
         block = decoder.block_size
         family = FAMILIES.get(config.family)

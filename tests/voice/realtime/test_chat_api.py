@@ -206,6 +206,8 @@ def test_the_servers_exposure_rules_cover_the_text_api(make_server, model):
 
 
 def test_an_engine_at_its_limits_answers_429_with_retry_after(client, model, engine, voice_server):
+    # earlier tests' requests still ending would free room between the fill and the request
+    assert wait_for_metric(voice_server, "voice_engine_live_requests", 0, timeout_s=120) == 0
     fillers = []
     try:
         while len(fillers) < 100:  # the engine's own limits end this loop
