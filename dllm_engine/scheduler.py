@@ -195,10 +195,12 @@ class Scheduler:
             self.live.remove(request)
         decoder = request.decoder
         if decoder.cache is not None:
-            if reason != "error":
-                self.publish_blocks(request, ended=True)
-            decoder.cache.release()  # its blocks go back now, not when the handle dies
-            decoder.cache = None
+            try:
+                if reason != "error":
+                    self.publish_blocks(request, ended=True)
+            finally:  # its blocks go back now, not when the handle dies
+                decoder.cache.release()
+                decoder.cache = None
         if reason != "error" and request.params.temperature == 0 and self.on_greedy_reply is not None:
             try:  # a reply kept for later drafts: its failure must not touch this request
                 self.on_greedy_reply(decoder.prompt_ids, decoder.settled_ids())
