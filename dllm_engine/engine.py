@@ -30,14 +30,12 @@ from typing import Callable
 import torch
 
 from dllm_engine import calibration, chat_prompts
-from dllm_engine.decoding import DeadlineController, DraftHeadDecoder, make_policy
+from dllm_engine.decoding import DraftHeadDecoder
 from dllm_engine.decoding.factory import make_decoder
 from dllm_engine.decoding.suffix_drafts import DraftChooser, RecentReplies
 from dllm_engine.loading import DEFAULT_MODEL, LoadedModel, load_model
-from dllm_engine.models.families import FAMILIES
 from dllm_engine.models.kv_pool import KVPool, PoolFull
-from dllm_engine.request import (DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle,
-                                 RequestStats)
+from dllm_engine.request import DraftUpdate, EngineError, EngineOverloaded, GenerationParams, Mode, RequestHandle
 from dllm_engine.resolve import resolve_activations, resolve_device, resolve_dtype, resolve_kv_cache, resolve_pass
 from dllm_engine.runner import ModelRunner
 from dllm_engine.scheduler import BACKGROUND_EVERY, LiveRequest, Scheduler
@@ -318,29 +316,11 @@ class Engine:
     def _make_request(self, ids: list[int], params: GenerationParams) -> LiveRequest:
         decoder = make_decoder(self.loaded, ids, params, self.kv_pool, self.draft_chooser)
         try:
-            return self._request_around(decoder, ids, params)
+            decoder.prefill_chunk = self.prefill_chunk
+            return LiveRequest.around(decoder, self.config, params, next(self._ids), self.clock)
         except BaseException:  # e.g. a policy the parameters name wrongly: its blocks are not kept
             decoder.cache.release()
             raise
-
-    def _request_around(self, decoder, ids: list[int], params: GenerationParams) -> LiveRequest:
-        config = self.config
-        decoder.prefill_chunk = self.prefill_chunk
-        block = decoder.block_size
-        family = FAMILIES.get(config.family)
-        threshold = params.threshold if params.threshold is not None else config.default_threshold
-        fallback = params.fallback or (family.commit_fallback if family else "most_confident")
-        now = self.clock()
-        generator = None
-        if params.temperature > 0:
-            generator = torch.Generator().manual_seed(params.seed if params.seed is not None else int(now * 1e6))
-        deadline = DeadlineController(params.deadline_s, threshold, self.clock) if params.deadline_s else None
-        return LiveRequest(
-            handle=RequestHandle(next(self._ids), background=params.background), params=params, decoder=decoder,
-            policy=make_policy(params.policy, threshold, params.factor, params.steps_per_block, block, fallback),
-            threshold=threshold, submitted=now, deadline=deadline, generator=generator,
-            stats=RequestStats(prompt_tokens=len(ids)),
-        )
 
     # ---- the scheduler thread --------------------------------------------------------------
     def _pending(self) -> list[LiveRequest]:

@@ -13,9 +13,10 @@ from typing import Callable
 
 import torch
 
-from dllm_engine.decoding import BlockCausalDecoder, DeadlineController, FullAttentionDecoder, StepPlan
+from dllm_engine.decoding import BlockCausalDecoder, DeadlineController, FullAttentionDecoder, StepPlan, make_policy
 from dllm_engine.decoding.batch_commit import Choice, choose_commits
 from dllm_engine.detokenize import IncrementalText
+from dllm_engine.models.families import FAMILIES
 from dllm_engine.request import DraftUpdate, GenerationParams, RequestHandle, RequestStats
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,24 @@ class LiveRequest:
     @property
     def sampling(self) -> tuple[float, torch.Generator | None]:
         return self.params.temperature, self.generator
+
+    @classmethod
+    def around(cls, decoder, config, params: GenerationParams, request_id: int,
+               clock: Callable[[], float]) -> "LiveRequest":
+        """A new request decoding with `decoder`: its commit policy, deadline and sampling."""
+        family = FAMILIES.get(config.family)
+        threshold = params.threshold if params.threshold is not None else config.default_threshold
+        fallback = params.fallback or (family.commit_fallback if family else "most_confident")
+        now = clock()
+        generator = None
+        if params.temperature > 0:
+            generator = torch.Generator().manual_seed(params.seed if params.seed is not None else int(now * 1e6))
+        policy = make_policy(params.policy, threshold, params.factor, params.steps_per_block, decoder.block_size,
+                             fallback)
+        return cls(handle=RequestHandle(request_id, background=params.background), params=params, decoder=decoder,
+                   policy=policy, threshold=threshold, submitted=now,
+                   deadline=DeadlineController(params.deadline_s, threshold, clock) if params.deadline_s else None,
+                   generator=generator, stats=RequestStats(prompt_tokens=len(decoder.prompt_ids)))
 
 
 @dataclass

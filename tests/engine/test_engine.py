@@ -416,12 +416,12 @@ def test_an_ar_reply_commits_exactly_one_token_a_pass(engine, max_new_tokens):
 
 
 def test_a_request_that_cannot_be_set_up_keeps_no_blocks(engine, monkeypatch):
-    import dllm_engine.engine as engine_module
+    import dllm_engine.scheduler as scheduler_module
 
     def broken_policy(*args, **kwargs):
         raise ValueError("no such policy (injected)")
 
-    monkeypatch.setattr(engine_module, "make_policy", broken_policy)
+    monkeypatch.setattr(scheduler_module, "make_policy", broken_policy)
     with pytest.raises(ValueError, match="injected"):
         engine.submit(PROMPTS[0], GenerationParams(max_new_tokens=4))
     assert engine.kv_stats()["reserved"] == 0

@@ -215,18 +215,22 @@ class VoiceServer:
             await websocket.close(code=close_code, reason=message[:120])
 
 
+def _kv_stats(engine: Any) -> dict:
+    return engine.kv_stats() if hasattr(engine, "kv_stats") else {}
+
+
 def _kv_shared_ratio(engine: Any) -> float:
-    stats = engine.kv_stats() if hasattr(engine, "kv_stats") else {}
+    stats = _kv_stats(engine)
     return stats["listed"] / stats["held"] if stats.get("held") else 1.0
 
 
 def _kv_held_per_written(engine: Any) -> float:
-    stats = engine.kv_stats() if hasattr(engine, "kv_stats") else {}
+    stats = _kv_stats(engine)
     return stats["held"] * stats["block_tokens"] / stats["held_positions"] if stats.get("held_positions") else 1.0
 
 
 def _kv_promised_bytes(engine: Any) -> float:
-    stats = engine.kv_stats() if hasattr(engine, "kv_stats") else {}
+    stats = _kv_stats(engine)
     return (stats["held"] + stats["reserved"]) * stats["block_bytes"] if stats else 0.0
 
 
