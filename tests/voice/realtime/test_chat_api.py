@@ -208,10 +208,14 @@ def test_the_servers_exposure_rules_cover_the_text_api(make_server, model):
 def test_an_engine_at_its_limits_answers_429_with_retry_after(client, model, engine, voice_server):
     # earlier tests' requests still ending would free room between the fill and the request
     assert wait_for_metric(voice_server, "voice_engine_live_requests", 0, timeout_s=120) == 0
+    # fillers that stay live until cancelled: sampled with their own seeds and long, so neither
+    # an earlier test's greedy story nor another filler hands them continuation drafts to finish on
     fillers = []
     try:
         while len(fillers) < 100:  # the engine's own limits end this loop
-            fillers.append(engine.submit(STORY, GenerationParams(max_new_tokens=256, stop_at_eos=False, background=True)))
+            params = GenerationParams(max_new_tokens=1024, stop_at_eos=False, temperature=1.0, seed=len(fillers),
+                                      background=True)
+            fillers.append(engine.submit(STORY, params))
     except EngineOverloaded:
         pass
     try:
