@@ -150,7 +150,16 @@ async def soak(args: argparse.Namespace, url: str, base_url: str, pid: int) -> d
     await asyncio.sleep(args.sample_s)
     sampling.cancel()
     summary = summarize(level, sampler.samples, args.minutes, args.warmup_s)
-    return {"summary": summary, "rss_samples": sampler.samples, "errors": level["errors"][:20]}
+    return {"summary": summary, "turns": [turn_row(t) for t in level["turns"]], "rss_samples": sampler.samples,
+            "errors": level["errors"][:20]}
+
+
+def turn_row(turn: dict) -> dict:
+    """A turn's latencies and its prompt (how much of it the pool already held), for finding
+    which turns are slow and why."""
+    server = turn.get("server_metrics") or {}
+    return {"session": turn["session"], "turn": turn["turn"], "first_audio_ms": turn.get("eos_to_first_audio_ms"),
+            "prompt_tokens": server.get("prompt_tokens"), "cached_prompt_tokens": server.get("cached_prompt_tokens")}
 
 
 def main() -> int:

@@ -90,4 +90,8 @@ def turn_report(response: Response) -> dict[str, Any]:
         "barge_in_to_cleared_ms": clock.ms(clock.speech_started_at, clock.cleared_at),
         "tokens_per_forward": round(stats.tokens_per_forward, 3) if stats else None,
         "forward_passes": stats.forward_passes if stats else None,
+        "prompt_tokens": stats.prompt_tokens if stats else None,
+        # of them, keys and values already in the engine's pool (a head shared with a draft or
+        # an earlier turn): the rest were prefilled after the end of speech or during it
+        "cached_prompt_tokens": stats.cached_prompt_tokens if stats else None,
     }
