@@ -333,3 +333,35 @@ def test_a_reply_keeps_stepping_while_another_request_prefills_a_long_prompt(tin
         assert final.stats.forward_passes >= 10 and during >= final.stats.forward_passes - 1
     finally:
         engine.close()
+
+
+def test_a_head_prefilled_in_the_replies_mode_carries_the_draft_heads_layers(tiny_gguf, tmp_path):
+    """A draft head's requests list only blocks that hold the head's layers too: a head
+    prefilled ahead in diffusion mode serves the next turn's reply and its AR verdict; one
+    prefilled in AR mode serves the verdict only. Every reply is the one decoded from scratch."""
+    loaded = with_random_head(tiny_gguf, tmp_path)
+    head = [{"role": "user", "content": "Tell me about " + "the long and winding road " * 4},
+            {"role": "assistant", "content": "It winds " * 8}]
+    next_turn = head + [{"role": "user", "content": "And then?"}]
+    reply = GenerationParams(mode="diffusion", max_new_tokens=8, stop_at_eos=False)
+    verdict = GenerationParams(mode="autoregressive", max_new_tokens=1, stop_at_eos=False)
+    fresh = Engine(loaded, backend="torch", share_prefixes=False)
+    try:
+        truth = fresh.generate(next_turn, reply).token_ids
+    finally:
+        fresh.close()
+    cached = {}
+    for warm_mode in ("diffusion", "autoregressive"):
+        engine = Engine(loaded, backend="torch")
+        try:
+            written = engine.prefill_head(head, mode=warm_mode).result(timeout=60).stats.prompt_tokens
+            drafted = engine.generate(next_turn, reply)
+            judged = engine.generate(next_turn, verdict)
+        finally:
+            engine.close()
+        assert drafted.token_ids == truth
+        cached[warm_mode] = (drafted.stats.cached_prompt_tokens, judged.stats.cached_prompt_tokens, written)
+    drafted, judged, written = cached["diffusion"]
+    assert written > 32 and drafted >= written - 16 and judged >= written - 16
+    drafted, judged, written = cached["autoregressive"]
+    assert drafted == 0 and judged >= written - 16

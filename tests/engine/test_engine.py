@@ -291,6 +291,27 @@ def test_a_prompt_that_starts_like_an_earlier_one_reuses_its_cache_exactly(tiny_
     assert reused.token_ids == from_scratch.token_ids
 
 
+@pytest.mark.parametrize("mode", ["diffusion", "autoregressive"])
+def test_a_head_prefilled_ahead_is_listed_by_the_next_turn_and_changes_nothing(tiny_bd, mode):
+    """prefill_head between turns (voice_app's HeadWarmer): the next turn's prompt starts with
+    the head, lists its blocks, and decodes what it decodes from scratch."""
+    params = GenerationParams(mode=mode, max_new_tokens=10, block_size=4, stop_at_eos=False)
+    head = [{"role": "user", "content": PROMPTS[2]}, {"role": "assistant", "content": PROMPTS[1]}]
+    next_turn = head + [{"role": "user", "content": PROMPTS[0]}]
+    fresh = Engine(tiny_bd, share_prefixes=False)
+    warm = Engine(tiny_bd)
+    try:
+        done = warm.prefill_head(head, mode=mode).result(timeout=120)
+        reused = warm.generate(next_turn, params)
+        from_scratch = fresh.generate(next_turn, params)
+    finally:
+        fresh.close()
+        warm.close()
+    assert done.finish_reason == "length" and done.stats.prompt_tokens >= warm.count_tokens(head[:1])
+    assert reused.stats.cached_prompt_tokens >= done.stats.prompt_tokens - 16  # all but a part-filled block
+    assert reused.token_ids == from_scratch.token_ids
+
+
 def test_live_requests_with_one_head_list_its_blocks_once_and_decode_exactly(tiny_bd):
     """A verdict or a redraft while the draft on the same words still runs: the head's blocks are
     listed by both, not copied, and both replies are what each gives alone."""

@@ -225,6 +225,7 @@ class ScriptedEngine:
         self.handles: list[ScriptedHandle] = []
         self.params: list[GenerationParams] = []  # of each submit, in order
         self.judged: list[str] = []  # texts asked whether they sound finished
+        self.prefilled: list[list[dict[str, str]]] = []  # heads prefilled between turns
         self.live_requests = 0
         self._tasks: set[asyncio.Task] = set()
         self._loop = asyncio.get_running_loop()
@@ -249,6 +250,13 @@ class ScriptedEngine:
         task = self._loop.create_task(self._run(handle, words))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def prefill_head(self, messages: list[dict[str, str]], mode: str = "auto") -> RequestHandle:
+        """Records the head (the real engine writes its keys and values); live until cancelled."""
+        handle = ScriptedHandle(len(self.handles) + 1, background=True)
+        self.handles.append(handle)
+        self.prefilled.append(messages)
+        return handle
 
     def end_of_turn_probability(self, messages: list[dict[str, str]], background: bool = True) -> RequestHandle:
         """As SmolLM2 judges: words ending in . ? ! sound finished, others not."""

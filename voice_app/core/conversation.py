@@ -190,6 +190,25 @@ class ContextFitter:
             self._anchor = (first, _key(turns[first])) if first < len(turns) else None
         return kept
 
+    def trim_ahead(self, messages: list[dict[str, str]], reply_tokens: int,
+                   next_message_tokens: int) -> list[dict[str, str]] | None:
+        """Between turns: if a next user message of up to `next_message_tokens` would not fit
+        behind `messages` (the history so far), trims now as that turn's `fit` would, and returns
+        the kept messages, the head every request of the next turn starts with (for prefilling
+        it before the turn ends: HeadWarmer); None while the head stays."""
+        system = messages[:1] if messages and messages[0]["role"] == "system" else []
+        turns = messages[len(system):]
+        if not turns:
+            return None
+        budget = self.context_tokens - reply_tokens - next_message_tokens
+        anchor = self._anchor_in(turns)
+        first = self._first_to_keep(system, turns, budget)
+        if first == anchor:
+            return None
+        with self._lock:
+            self._anchor = (first, _key(turns[first]))
+        return system + turns[first:]
+
     def _first_to_keep(self, system: list[dict[str, str]], turns: list[dict[str, str]], budget: int) -> int:
         """The oldest turn to keep: the anchor while the prompt fits, else the turn that brings
         the running sum of the turns' costs under the low-water mark."""

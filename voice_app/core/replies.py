@@ -16,6 +16,7 @@ from typing import Any
 from voice_app.core.audio_sink import OpenSink, Send
 from voice_app.core.conversation import ContextFitter, ContextTooLong, Conversation, ConversationItem, \
     announce_evictions
+from voice_app.core.head_warming import HeadWarmer
 from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.models import Models
 from voice_app.core.offload import submit_off_loop
@@ -32,11 +33,12 @@ log = logging.getLogger(__name__)
 class Replies:
     def __init__(self, session_id: str, models: Models, settings: Settings, options: SessionOptions,
                  conversation: Conversation, fitter: ContextFitter, send: Send, open_sink: OpenSink, spawn,
-                 metrics: VoiceMetrics):
+                 metrics: VoiceMetrics, head_warmer: HeadWarmer | None = None):
         self.session_id = session_id
         self.models, self.settings, self.options = models, settings, options
         self.conversation, self._fitter = conversation, fitter
         self._send, self._open_sink, self._spawn, self.metrics = send, open_sink, spawn, metrics
+        self.head_warmer = head_warmer  # prefills the next turn's head where it must be trimmed
         self.start_lock = asyncio.Lock()  # one reply starts at a time: at most one is active
         self.active: Response | None = None
         self.playing: Response | None = None  # finished sending, maybe still playing at the client
@@ -105,6 +107,8 @@ class Replies:
         from dllm_engine.request import EngineError
 
         engine, fit = self.models.engine, self._fitter.fit
+        if self.head_warmer is not None:
+            self.head_warmer.cancel()  # this turn's requests take the head over from here
         try:
             return await submit_off_loop(lambda: engine.submit(fit(messages, reply_tokens), params))
         except (EngineError, ContextTooLong) as exc:
@@ -187,6 +191,8 @@ class Replies:
         if response.status == "completed":
             response.item.text, response.item.status = response.spoken_text, "completed"
             self.playing = response if response.audio_out else None
+            if self.head_warmer is not None and not response.out_of_band:
+                self._spawn(self.head_warmer.after_reply(), "prefill the next head")
         else:
             response.item.status = "incomplete"
         await self._end(response, response.status)

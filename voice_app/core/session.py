@@ -28,6 +28,7 @@ from voice_app.core.audio_sink import OpenSink, Send, WireAudioSink
 from voice_app.core.client_events import ClientEvents
 from voice_app.core.conversation import ContextFitter, Conversation, new_id
 from voice_app.core.end_of_turn import EndOfTurnJudge, is_false_interruption, is_stop_command
+from voice_app.core.head_warming import HeadWarmer
 from voice_app.core.metrics import VoiceMetrics
 from voice_app.core.models import Models
 from voice_app.core.options import SessionOptions
@@ -67,8 +68,11 @@ class Session:
         self._send_raw = send
         self._send_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        self.head_warmer = HeadWarmer(models.engine, self._fitter, lambda: self._conversation_with(""),
+                                      lambda: self.options.max_output_tokens, lambda: self.options.engine_mode)
         self.replies = Replies(self.id, models, settings, self.options, self.conversation, self._fitter, self.send,
-                               open_sink or (lambda ids: WireAudioSink(self.send, ids)), self.spawn, self.metrics)
+                               open_sink or (lambda ids: WireAudioSink(self.send, ids)), self.spawn, self.metrics,
+                               head_warmer=self.head_warmer)
         self.speculation = Speculation(self.id, self._draft, self.replies.discard, self.spawn)
         judge = EndOfTurnJudge(models.engine, self._conversation_with, settings.end_of_turn_threshold,
                                fit=lambda messages: self._fitter.fit(messages, reply_tokens=1))
@@ -123,6 +127,7 @@ class Session:
         """Stops everything this session started; returns when no engine or TTS work is left."""
         self.closed = True
         self.listener.close()
+        self.head_warmer.cancel()
         responses = self.replies.cancel_all()
         for task in list(self._tasks):
             task.cancel()

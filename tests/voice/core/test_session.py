@@ -187,6 +187,29 @@ async def test_close_mid_response_cancels_the_engine_and_tts_work_and_sends_noth
     assert len(log.events) == sent, "nothing is sent after close"
 
 
+async def test_once_the_history_fills_the_context_the_next_head_is_prefilled_before_the_turn():
+    """After a reply, a turn that would have to drop old turns has its head trimmed and
+    prefilled then (core/head_warming.py); the turn's reply starts with that head and the
+    prefill, no longer needed, is cancelled."""
+    session, log, models = make_session(context_tokens=128, max_new_tokens=16, instructions="Be brief.")
+    engine = models.engine
+    await session.start()
+    for i in range(10):
+        await session.handle_text(text_turn(f"Question number {i} about things and stuff"))
+        await session.handle_text(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
+        await log.wait_for(lambda e: e["type"] == "response.done" and len(log.of_type("response.done")) > i)
+        await session.head_warmer.idle.wait()  # the head is worked out on a worker thread after the reply
+    assert session.head_warmer.warmed >= 2, "the history outgrew the context more than once"
+    head = engine.prefilled[0]
+    assert head[0] == {"role": "system", "content": "Be brief."} and head[-1]["role"] == "assistant"
+    assert all(count_tokens <= 128 - 16 for count_tokens in map(engine.count_tokens, engine.prefilled))
+    later = [prompt for prompt in engine.submitted.items if prompt[:len(head)] == head and len(prompt) > len(head)]
+    assert later, "the next turn's prompt starts with the prefilled head"
+    prefill_handles = [h for h in engine.handles if h.background and not h.cancelled]
+    assert len(prefill_handles) <= 1, "each prefill is cancelled once the next turn submits"
+    await session.close()
+
+
 async def test_manual_turns_without_vad():
     session, log, models = make_session()
     await session.handle_text(json.dumps({"type": "session.update", "session": {

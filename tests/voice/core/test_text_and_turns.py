@@ -164,6 +164,29 @@ def test_a_growing_conversation_keeps_its_prompt_head_between_trims():
     assert draft[1] == heads[-1] or counter.count_tokens(draft) > 50 - 6
 
 
+def test_a_trim_made_between_turns_is_the_head_the_next_turn_keeps():
+    """HeadWarmer's view: right after a reply, the fitter says whether the next turn (a user
+    message of up to 6 tokens) would trim, makes that trim then, and the turn's own fit, its
+    drafts' and its verdict's keep that head."""
+    counter = _TemplateCounter()
+    counter.max_context_tokens = 60
+    fitter, conversation = ContextFitter(counter), Conversation()
+    warmed = []
+    for i in range(40):
+        conversation.add(ConversationItem(f"u{i}", "user", f"question {i} word"))
+        conversation.add(ConversationItem(f"a{i}", "assistant", f"answer {i}"))
+        ahead = fitter.trim_ahead(conversation.messages("be brief"), reply_tokens=10, next_message_tokens=6)
+        if ahead is not None:
+            assert ahead[0]["role"] == "system" and ahead[-1]["content"] == f"answer {i}"
+            warmed.append(ahead)
+        for pending in ("next one", "next one please"):
+            kept = fitter.fit(conversation.messages("be brief", pending_user_text=pending), reply_tokens=10)
+            if ahead is not None:
+                assert kept[:-1] == ahead, "the turn starts with the head prefilled for it"
+    assert len(warmed) >= 3, "the history outgrew the context several times"
+    assert fitter.trim_ahead(conversation.messages("be brief"), reply_tokens=10, next_message_tokens=6) is None
+
+
 def test_fitting_a_long_history_tokenizes_each_message_once():
     """The trim walks a running sum of per-message costs, remembered by text: thousands of
     items cost linear tokenizer work, not a re-render of the whole prompt per dropped turn."""
