@@ -189,15 +189,16 @@ class Engine:
         return self.submit(prefix, GenerationParams(mode="autoregressive", max_new_tokens=1, stop_at_eos=False,
                                                      score_tokens=(eot,), background=background))
 
-    def prefill_head(self, messages: list[dict], mode: str = "auto") -> RequestHandle:
+    def prefill_head(self, messages: list[dict], mode: str = "auto", background: bool = False) -> RequestHandle:
         """Writes a conversation's head (its prompt up to the end of the last message's text)
-        into the KV pool, as a background request in `mode` (the mode of the requests that will
-        share it: a draft head's requests list only blocks that carry the head's layers). Its
-        blocks are published as its chunks go, so a later prompt that starts with the head lists
-        them even if it is cancelled part way."""
+        into the KV pool, as a request in `mode` (the mode of the requests that will share it: a
+        draft head's requests list only blocks that carry the head's layers). Its blocks are
+        published as its chunks go, so a later prompt that starts with the head lists them even
+        if it is cancelled part way."""
         prefix, _ = self.end_of_turn_prompt(messages)
         # two tokens: a draft head writes its layers for a pass's rows in the step after that pass
-        return self.submit(prefix, GenerationParams(mode=mode, max_new_tokens=2, stop_at_eos=False, background=True))
+        return self.submit(prefix, GenerationParams(mode=mode, max_new_tokens=2, stop_at_eos=False,
+                                                     background=background))
 
     def end_of_turn_prompt(self, messages: list[dict]) -> tuple[list[int], int]:
         """(prompt ids up to the end of the last message's text, the end-of-turn token after it)."""
