@@ -32,6 +32,9 @@ class Engine(Protocol):
     def end_of_turn_probability(self, messages: list[dict[str, str]], background: bool = True) -> Any:
         """-> a RequestHandle whose final update's token_probs[0] is p(the last message is finished)."""
 
+    def prefill_head(self, messages: list[dict[str, str]], mode: str = "auto") -> Any:
+        """-> a RequestHandle that writes the messages' keys and values for later prompts to share."""
+
 
 class Transcriber(Protocol):
     model_name: str
