@@ -208,25 +208,39 @@ def test_the_servers_exposure_rules_cover_the_text_api(make_server, model):
 def test_an_engine_at_its_limits_answers_429_with_retry_after(client, model, engine, voice_server):
     # earlier tests' requests still ending would free room between the fill and the request
     assert wait_for_metric(voice_server, "voice_engine_live_requests", 0, timeout_s=120) == 0
-    # fillers that stay live until cancelled: sampled with their own seeds and long, so neither
-    # an earlier test's greedy story nor another filler hands them continuation drafts to finish on
-    fillers = []
+    fillers, refused, accepted = [], None, 0
     try:
-        while len(fillers) < 100:  # the engine's own limits end this loop
-            params = GenerationParams(max_new_tokens=1024, stop_at_eos=False, temperature=1.0, seed=len(fillers),
-                                      background=True)
-            fillers.append(engine.submit(STORY, params))
-    except EngineOverloaded:
-        pass
-    try:
-        with pytest.raises(openai.RateLimitError) as caught:
-            client.chat.completions.create(model=model, messages=FRANCE, max_tokens=5)
+        # a request of another test's session that ends between the fill and the chat request
+        # frees a slot on this shared server: the engine is filled again and asked again
+        while refused is None and accepted < 3:
+            fillers += fill_to_the_limit(engine, len(fillers))
+            try:
+                client.chat.completions.create(model=model, messages=FRANCE, max_tokens=5)
+                accepted += 1
+            except openai.RateLimitError as exc:
+                refused = exc
     finally:
         for handle in fillers:
             handle.cancel()
-    assert int(caught.value.response.headers["retry-after"]) >= 1
-    assert caught.value.code == "engine_overloaded" and "limit" in caught.value.message
+    ended = [h.last.finish_reason for h in fillers if h.last is not None and h.last.final]
+    assert refused is not None, f"never refused: {len(fillers)} fillers, ended early: {ended}"
+    assert int(refused.response.headers["retry-after"]) >= 1
+    assert refused.code == "engine_overloaded" and "limit" in refused.message
     assert wait_for_metric(voice_server, "voice_engine_live_requests", 0) == 0
+
+
+def fill_to_the_limit(engine, seed0: int) -> list[RequestHandle]:
+    """Requests that stay live until cancelled: sampled with their own seeds and long, so neither
+    an earlier test's greedy story nor another filler hands them continuation drafts to finish on."""
+    fillers = []
+    try:
+        while len(fillers) < 100:  # the engine's own limits end this loop
+            params = GenerationParams(max_new_tokens=1024, stop_at_eos=False, temperature=1.0,
+                                      seed=seed0 + len(fillers), background=True)
+            fillers.append(engine.submit(STORY, params))
+    except EngineOverloaded:
+        pass
+    return fillers
 
 
 def test_an_abandoned_stream_cancels_its_engine_request(client, model, voice_server):
