@@ -149,7 +149,9 @@ export class ConversationView {
     const element = this.userElements.get(utterance.itemId) || this.createMessage("user", utterance.itemId);
     const { stable, unstable } = utterance.parts();
     const text = element.querySelector('[data-role="user-transcript"]');
-    text.replaceChildren(span("stable", stable), span("unstable", unstable));
+    // the server sends the two parts without the space between them (its text is "stable unstable")
+    const gap = stable && unstable ? " " : "";
+    text.replaceChildren(span("stable", stable), span("unstable", gap + unstable));
     text.classList.toggle("pending", !stable && !unstable);
     element.classList.toggle("final", utterance.finalText !== null);
     this.keepBottomInView();
