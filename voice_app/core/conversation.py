@@ -172,8 +172,7 @@ class ContextFitter:
 
     def fit(self, messages: list[dict[str, str]], reply_tokens: int) -> list[dict[str, str]]:
         budget = self.context_tokens - reply_tokens
-        system = messages[:1] if messages and messages[0]["role"] == "system" else []
-        turns = messages[len(system):]
+        system, turns = _system_and_turns(messages)
         first = self._first_to_keep(system, turns, budget)
         kept = system + turns[first:]
         needed = self._counter.count_tokens(kept) if kept else 0
@@ -196,8 +195,7 @@ class ContextFitter:
         behind `messages` (the history so far), trims now as that turn's `fit` would, and returns
         the kept messages, the head every request of the next turn starts with (for prefilling
         it before the turn ends: HeadWarmer); None while the head stays."""
-        system = messages[:1] if messages and messages[0]["role"] == "system" else []
-        turns = messages[len(system):]
+        system, turns = _system_and_turns(messages)
         if not turns:
             return None
         budget = self.context_tokens - reply_tokens - next_message_tokens
@@ -253,6 +251,12 @@ class ContextFitter:
                     self._costs.pop(next(iter(self._costs)))  # the oldest text first
                 self._costs[key] = cost
         return cost
+
+
+def _system_and_turns(messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The system message (a list of it, or empty) and the turns after it."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    return system, messages[len(system):]
 
 
 def _key(message: dict[str, str]) -> tuple[str, str]:
