@@ -115,6 +115,19 @@ class FusedCpuModel:
         self.activations = activations
         self.kernel = self._model.activations()  # the variant that runs ("fp32" for fp32 activations)
 
+    @property
+    def attention_kernels(self) -> str:
+        """The instruction set of attention's inner kernels (the integer kernels' own; every set
+        gives the same bits)."""
+        return self._model.attention_kernels()
+
+    def use_attention_kernels(self, name: str) -> None:
+        """Attention by one of `kernels.cpu.attention_kernel_sets()` (tests and benches)."""
+        try:
+            self._model.set_attention_kernels(name)
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from exc
+
     # ---- building -----------------------------------------------------------------------
     def _weight(self, name: str, layer: int, dense: Tensor, packed: PackedWeight | None) -> None:
         if packed is not None:

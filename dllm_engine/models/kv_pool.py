@@ -50,9 +50,13 @@ class _Published:
 
 
 class KVPool:
-    """[layers, kv_heads, blocks, block_tokens, head_dim] keys and values, and who holds which block.
+    """Keys [layers, kv_heads, blocks, head_dim, block_tokens] and values [layers, kv_heads, blocks,
+    block_tokens, head_dim], and who holds which block. A block's keys are stored transposed
+    (dimension-major): the fused pass scores a block's keys for several queries at once, one
+    dimension of 8 keys per vector, with no sums across lanes (kernels/cpu/csrc/attention.cpp).
     A kv head's blocks sit side by side, so the blocks a request takes in a row (a fresh request's
-    are consecutive) are one run of memory, as a contiguous cache was: attention streams them.
+    are consecutive) are one run of memory: attention streams them. `write` and `gather` are the
+    torch side's only way in, so the layout is known here and in the C++ pass alone.
     Thread-safe: requests reserve from the callers' threads, the scheduler thread does the rest."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, blocks: int, dtype: torch.dtype,
@@ -60,10 +64,9 @@ class KVPool:
                  max_idle_blocks: int | None = None):
         if blocks < 1 or block_tokens < 8 or block_tokens % 8:
             raise ValueError(f"a KV pool needs >= 1 block of a multiple of 8 positions, got {blocks} x {block_tokens}")
-        shape = (layers, kv_heads, blocks, block_tokens, head_dim)
         # untouched pages cost no memory: what is resident is the blocks used so far
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.k = torch.empty(layers, kv_heads, blocks, head_dim, block_tokens, dtype=dtype, device=device)
+        self.v = torch.empty(layers, kv_heads, blocks, block_tokens, head_dim, dtype=dtype, device=device)
         self.blocks, self.layers, self.block_tokens = blocks, layers, block_tokens
         self.max_idle_blocks = blocks if max_idle_blocks is None else max_idle_blocks
         self._refs = [0] * blocks
@@ -101,6 +104,17 @@ class KVPool:
             return {"blocks": self.blocks, "held": len(held), "listed": sum(self._refs),
                     "held_positions": sum(self._fill[b] for b in held), "idle": len(self._idle),
                     "reserved": self._reserved, "block_bytes": self.block_bytes, "block_tokens": self.block_tokens}
+
+    # ---- the torch side's reads and writes -----------------------------------------------------------
+    def write(self, layer: int, blocks: Tensor, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """k, v [n, kv_heads, head_dim] into pool layer `layer` at (blocks[i], slots[i])."""
+        self.k[layer][:, blocks, :, slots] = k.to(self.k.dtype)  # apart, the indexed dims lead: [n, kv_heads, d]
+        self.v[layer][:, blocks, slots] = v.transpose(0, 1).to(self.v.dtype)
+
+    def gather(self, layer: int, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of blocks `ids` (any shape) at pool layer `layer`, both
+        [kv_heads, *ids.shape, block_tokens, head_dim]."""
+        return self.k[layer][:, ids].transpose(-1, -2), self.v[layer][:, ids]
 
     # ---- reservations and blocks ------------------------------------------------------------------
     def reserve(self, blocks: int) -> None:
@@ -192,7 +206,7 @@ class KVPool:
                 return start
             self._reserved -= 1
             own = self._take_locked()
-            self.k[:, :, own, :best_len] = self.k[:, :, best, :best_len]  # under the lock: `best` stays put
+            self.k[:, :, own, :, :best_len] = self.k[:, :, best, :, :best_len]  # under the lock: `best` stays put
             self.v[:, :, own, :best_len] = self.v[:, :, best, :best_len]
             self._fill[own] = best_len
         table._adopt(own, None)
@@ -248,9 +262,9 @@ class BlockTable:
 
     @classmethod
     def standalone(cls, config, max_len: int, dtype: torch.dtype, device: torch.device | str = "cpu",
-                   extra_layers: int = 0) -> "BlockTable":
+                   extra_layers: int = 0, block_tokens: int = BLOCK_TOKENS) -> "BlockTable":
         """A table over a pool of its own, every block taken (tests, benches, training features)."""
-        pool = KVPool.for_tokens(config, max_len, dtype, device, extra_layers)
+        pool = KVPool.for_tokens(config, max_len, dtype, device, extra_layers, block_tokens)
         table = cls(pool, max_len, has_head=extra_layers > 0)
         table.ensure(max_len)
         return table
@@ -313,18 +327,14 @@ class BlockTable:
         positions = torch.arange(start, start + k.shape[0])
         blocks = self.ids()[positions // B].to(device)
         slots = (positions % B).to(device)
-        self.pool.k[self.layer0 + layer][:, blocks, slots] = k.transpose(0, 1).to(self.dtype)
-        self.pool.v[self.layer0 + layer][:, blocks, slots] = v.transpose(0, 1).to(self.dtype)
+        self.pool.write(self.layer0 + layer, blocks, slots, k, v)
 
     def read(self, layer: int, end: int) -> tuple[Tensor, Tensor]:
         """Keys and values [kv_heads, end, head_dim] of positions [0, end) at `layer`."""
         B = self.pool.block_tokens
         ids = self.ids()[:-(-end // B)].to(self.pool.k.device)
-
-        def gather(pool: Tensor) -> Tensor:
-            return pool[self.layer0 + layer][:, ids].flatten(1, 2)[:, :end]  # [kv_heads, n * B, head_dim]
-
-        return gather(self.pool.k), gather(self.pool.v)
+        keys, values = self.pool.gather(self.layer0 + layer, ids)  # [kv_heads, n, B, head_dim]
+        return keys.flatten(1, 2)[:, :end], values.flatten(1, 2)[:, :end]
 
 
 class _LayerView(BlockTable):

@@ -53,15 +53,15 @@ class PagedAttention:
         """q [N, Hq, D], k and v [N, Hkv, D] of the pass's rows -> attention output [N, Hq * D]."""
         out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
         for wave in self.waves:
-            pool_k, pool_v = wave.pool.k[wave.layer0 + layer], wave.pool.v[wave.layer0 + layer]  # [Hkv, blocks, B, D]
-            pool_k[:, wave.blocks, wave.slots] = k[wave.rows].transpose(0, 1).to(pool_k.dtype)
-            pool_v[:, wave.blocks, wave.slots] = v[wave.rows].transpose(0, 1).to(pool_v.dtype)
+            pool_layer = wave.layer0 + layer
+            wave.pool.write(pool_layer, wave.blocks, wave.slots, k[wave.rows], v[wave.rows])
             hidden = ~wave.written[:, None, :, None]  # slots never written may hold anything (NaN too)
 
-            def gather(pool: Tensor) -> Tensor:  # [S, Hkv, nb * B, D]
-                return pool[:, wave.key_blocks].transpose(0, 1).flatten(2, 3).to(q.dtype).masked_fill(hidden, 0)
+            def ready(blocks: Tensor) -> Tensor:  # [Hkv, S, nb, B, D] -> [S, Hkv, nb * B, D]
+                return blocks.transpose(0, 1).flatten(2, 3).to(q.dtype).masked_fill(hidden, 0)
 
-            result = batched_grouped_attention(q[wave.queries], gather(pool_k), gather(pool_v), wave.mask)
+            keys, values = wave.pool.gather(pool_layer, wave.key_blocks)
+            result = batched_grouped_attention(q[wave.queries], ready(keys), ready(values), wave.mask)
             out[wave.queries[wave.valid]] = result[wave.valid].to(out.dtype)
         return out
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = ["bindings.cpp", "matmul.cpp", "attention.cpp", "model.cpp", "quantize.cpp", "int8_avx2.cpp",
-           "int8_avx512.cpp", "machine.cpp"]
+SOURCES = ["bindings.cpp", "matmul.cpp", "attention.cpp", "attention_avx2.cpp", "attention_avx512.cpp", "model.cpp",
+           "quantize.cpp", "int8_avx2.cpp", "int8_avx512.cpp", "machine.cpp"]
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _CPU_FLAGS = ("avx2", "fma", "f16c")
 # a checkout builds into its own folder; an installed package into torch's extension cache
@@ -71,6 +71,11 @@ def extension():
 def int8_variants() -> list[str]:
     """The integer kernel variants this CPU runs, fastest first ([] when the kernels cannot build)."""
     return [] if available() else list(extension().int8_variants())
+
+
+def attention_kernel_sets() -> list[str]:
+    """The instruction sets attention's inner kernels run in on this CPU, widest first."""
+    return [] if available() else list(extension().attention_kernel_sets())
 
 
 def available() -> str | None:

@@ -55,14 +55,16 @@ def test_matmul_refuses_blocks_that_do_not_fit_the_shape():
         cpu.extension().linear(torch.randn(1, 48), torch.zeros(8 * 48, dtype=torch.uint8), cpu.Q4_1, 8, 48)
 
 
-def _passes(model, steps, fused_cache=torch.float32):
+def _passes(model, steps, fused_cache=torch.float32, attention="auto", block_tokens=16):
     """The hidden states of every row of each pass in `steps` (lists of segment factories over
-    fresh caches), through the torch pass and the fused pass (its caches `fused_cache`)."""
+    fresh caches of `block_tokens` blocks), through the torch pass and the fused pass (its caches
+    `fused_cache`, its attention kernels `attention`)."""
     fused = FusedCpuModel(model)
+    fused.use_attention_kernels(attention)
     results = []
     for forward in ("torch", "fused"):
         dtype = torch.float32 if forward == "torch" else fused_cache
-        caches = [BlockTable.standalone(model.config, 128, dtype) for _ in range(2)]
+        caches = [BlockTable.standalone(model.config, 128, dtype, block_tokens=block_tokens) for _ in range(2)]
         outputs = []
         for make_segments in steps:
             segments = make_segments(caches)
@@ -120,13 +122,16 @@ def test_the_adapter_acts_on_adapter_segments_only(make_tiny_bd):
 KERNELS = [("fp32", "auto")] + [("int8", variant) for variant in cpu.extension().int8_variants()]
 
 
+@pytest.mark.parametrize("block_tokens", [16, 24])
 @pytest.mark.parametrize("cache", [torch.float32, torch.float16])
 def test_attention_over_many_key_blocks_gives_a_row_the_same_bits_alone_or_in_a_block(tmp_path, tiny_tokenizer,
-                                                                                      cache):
+                                                                                      cache, block_tokens):
     """Head dim 64 (the kernel's fast path), GQA, a cached prefix of 83 keys (several key blocks
-    and a partial one): six causal rows in one pass equal the same rows one pass each, bit for
-    bit, whatever rows and heads share a work item; and both equal the torch pass (over fp32
-    caches: to within fp32's summation order, or fp16's rounding of the keys and values)."""
+    and a partial one; blocks of 16 keys, and of 24 where a block ends in half a vector of 16):
+    six causal rows in one pass equal the same rows one pass each, bit for bit, whatever rows and
+    heads share a work item, with every instruction set's attention kernels, which agree with each
+    other bit for bit; and all equal the torch pass (over fp32 caches: to within fp32's summation
+    order, or fp16's rounding of the keys and values)."""
     spec = FAMILY_SPECS["qwen3"]
     config = dict(spec.config, head_dim=64)
     write_hf_checkpoint(tmp_path, type(spec)(spec.name, config, spec.reference, spec.attention), tiny_tokenizer)
@@ -136,11 +141,17 @@ def test_attention_over_many_key_blocks_gives_a_row_the_same_bits_alone_or_in_a_
     together = [prefill, lambda c: [Segment(block, 83, c[0], 89, "causal")]]
     one_by_one = [prefill] + [lambda c, i=i: [Segment(block[i:i + 1], 83 + i, c[0], 84 + i, "causal")]
                               for i in range(6)]
-    torch_rows, fused_rows = _passes(model, together, cache)
-    _, fused_alone = _passes(model, one_by_one, cache)
-    assert torch.equal(fused_rows[83:], fused_alone[83:])
+    sets = cpu.attention_kernel_sets()
+    assert "avx2" in sets
+    fused_by_set = {}
+    for name in sets:
+        torch_rows, fused_rows = _passes(model, together, cache, name, block_tokens)
+        _, fused_alone = _passes(model, one_by_one, cache, name, block_tokens)
+        assert torch.equal(fused_rows[83:], fused_alone[83:])
+        fused_by_set[name] = fused_rows
+    assert all(torch.equal(rows, fused_by_set["avx2"]) for rows in fused_by_set.values())
     tolerance = TOLERANCE if cache == torch.float32 else 1e-3 * float(torch_rows.abs().max())
-    assert float((torch_rows - fused_rows).abs().max()) < tolerance
+    assert float((torch_rows - fused_by_set["avx2"]).abs().max()) < tolerance
 
 
 @pytest.mark.parametrize("activations, kernel", KERNELS)

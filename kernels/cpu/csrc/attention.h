@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention_blocks.h"
 #include "team.h"
 
 namespace dllm {
@@ -12,11 +13,12 @@ namespace dllm {
 enum Visibility : int64_t { kFull = 0, kCausal = 1, kBlocks = 2 };
 
 // A run of one request's rows in the pass (see dllm_engine.models.transformer.Segment). Its
-// keys and values live in fixed-size blocks of a pool ([pool_layers, kv_heads, pool_blocks,
-// block_tokens, head_dim]: a kv head's blocks side by side, so a request's blocks taken in a row
-// are one run of memory); `table` lists the request's blocks in position order, so position p is
-// slot p % block_tokens of block table[p / block_tokens]. Requests that share a prompt head list
-// the same blocks.
+// keys and values live in fixed-size blocks of a pool ([pool_layers, kv_heads, pool_blocks, then
+// a block: [head_dim, block_tokens] for keys, transposed, and [block_tokens, head_dim] for
+// values]: a kv head's blocks side by side, so a request's blocks taken in a row are one run of
+// memory); `table` lists the request's blocks in position order, so position p is slot
+// p % block_tokens of block table[p / block_tokens]. Requests that share a prompt head list the
+// same blocks.
 struct Segment {
   int64_t row0, rows;    // rows [row0, row0 + rows) of the pass
   int64_t pos0;          // position of the first row in the request's sequence
@@ -52,9 +54,9 @@ struct AttentionShape {
 // One layer's attention for a pass, computed by the whole team (called by every thread of it):
 // each segment's keys and values (from qkv, rows of [q | k | v] after rope, row stride ld) go
 // into its cache at its positions, then out[row, heads * head_dim] = softmax(q kᵀ / sqrt(d)) v
-// per head, keys limited per row. Ends with a barrier.
-void attention(const std::vector<Segment>& segments, int64_t layer, const AttentionShape& shape, const float* qkv,
-               int64_t ld, float* out, const Team& team);
+// per head, keys limited per row, by one instruction set's block kernels. Ends with a barrier.
+void attention(const std::vector<Segment>& segments, int64_t layer, const AttentionShape& shape,
+               const AttentionBlocks& kernels, const float* qkv, int64_t ld, float* out, const Team& team);
 
 // Only the first part of that: each segment's keys and values into its cache (a draft head's
 // context, which is attended to but attends to nothing). Ends with a barrier.

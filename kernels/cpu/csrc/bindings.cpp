@@ -51,6 +51,12 @@ struct BoundModel {
 
   std::string activations() const { return model.int8 == nullptr ? "fp32" : model.int8->name; }
 
+  void set_attention_kernels(const std::string& name) {
+    const dllm::AttentionBlocks* kernels = dllm::attention_blocks(name);
+    need(kernels != nullptr, "no attention kernels '" + name + "' run on this CPU");
+    model.attention_kernels = kernels;
+  }
+
   dllm::Projection& projection(const std::string& name, int64_t layer) {
     need(layer >= 0 && layer < int64_t(model.layers.size()), "layer index out of range");
     auto& l = model.layers[layer];
@@ -103,7 +109,8 @@ struct BoundModel {
 
   // The rows of a pass laid out by its segment table ([S, 6]: row0, rows, pos0, attend_len,
   // visibility, block_size), each segment over its request's block table (int64 block ids) into
-  // a pool of keys and values ([pool_layers, kv_heads, blocks, block_tokens, head_dim]); this
+  // a pool of keys ([pool_layers, kv_heads, blocks, head_dim, block_tokens]: a block's keys
+  // transposed) and values ([pool_layers, kv_heads, blocks, block_tokens, head_dim]); this
   // model's layers are the pool's layers [layer0, layer0 + layers).
   void lay_out(dllm::Pass& pass, std::vector<int64_t>& positions, const at::Tensor& segments,
                const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& keys,
@@ -123,17 +130,20 @@ struct BoundModel {
       need_cache(k, "key pool");
       need(values[i].scalar_type() == k.scalar_type(), "key and value pools must have one dtype");
       need_cache(values[i], "value pool");
-      need(k.dim() == 5 && layer0 >= 0 && k.size(0) >= layer0 + int64_t(model.layers.size()) &&
-           k.size(1) == c.kv_heads && k.size(4) == c.head_dim && values[i].sizes() == k.sizes(),
-           "pools must be [layers, kv_heads, blocks, block_tokens, head_dim] with this model's layers from layer0");
-      need(k.size(3) > 0 && k.size(3) % 8 == 0, "a pool block must hold a multiple of 8 positions");
+      const at::Tensor& v = values[i];
+      need(k.dim() == 5 && v.dim() == 5 && layer0 >= 0 && k.size(0) >= layer0 + int64_t(model.layers.size()) &&
+           k.size(1) == c.kv_heads && k.size(3) == c.head_dim && v.sizes()[0] == k.size(0) && v.size(1) == k.size(1) &&
+           v.size(2) == k.size(2) && v.size(3) == k.size(4) && v.size(4) == c.head_dim,
+           "pools must be keys [layers, kv_heads, blocks, head_dim, block_tokens] and values [layers, kv_heads, "
+           "blocks, block_tokens, head_dim] with this model's layers from layer0");
+      need(v.size(3) > 0 && v.size(3) % 8 == 0, "a pool block must hold a multiple of 8 positions");
       const at::Tensor& table = tables[i];
       need(table.scalar_type() == at::kLong && table.is_contiguous() && table.dim() == 1 && table.device().is_cpu(),
            "block tables must be contiguous int64 vectors");
       const int64_t* ids = table.data_ptr<int64_t>();
       for (int64_t b = 0; b < table.numel(); ++b) need(ids[b] >= 0 && ids[b] < k.size(2), "block id out of range");
-      dllm::Segment seg{s[0], s[1], s[2], s[3], s[4], std::max<int64_t>(1, s[5]), k.data_ptr(), values[i].data_ptr(),
-                        ids, table.numel(), k.size(3), k.size(2), layer0, k.scalar_type() == at::kHalf};
+      dllm::Segment seg{s[0], s[1], s[2], s[3], s[4], std::max<int64_t>(1, s[5]), k.data_ptr(), v.data_ptr(),
+                        ids, table.numel(), v.size(3), v.size(2), layer0, k.scalar_type() == at::kHalf};
       need(seg.row0 == covered && seg.rows > 0 && seg.row0 + seg.rows <= pass.rows, "segments must tile the pass's rows in order");
       need(seg.pos0 >= 0 && seg.pos0 + seg.rows <= seg.attend_len && seg.attend_len <= seg.table_len * seg.block_tokens,
            "a segment must see its own rows and fit its block table");
@@ -280,6 +290,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("quantize_activations", &quantize_activations, "x through the 8-bit activation quantizer (q * d)");
   m.def("int8_variants", &dllm::int8_variants_supported, "the integer kernels this CPU runs, fastest first");
+  m.def("attention_kernel_sets", []() {
+    std::vector<std::string> names;
+    for (const dllm::AttentionBlocks* kernels : {&dllm::kAttentionAvx512, &dllm::kAttentionAvx2})
+      if (kernels->supported()) names.push_back(kernels->name);
+    return names;
+  }, "the attention kernel sets this CPU runs, widest first");
   m.def("read_bandwidth", &dllm::read_bandwidth, "GB/s the pass's threads read a buffer of this many MiB",
         pybind11::arg("mib") = 256, pybind11::arg("repeats") = 5, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<BoundModel>(m, "Model")
@@ -291,6 +307,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("check", [](const BoundModel& b) { return b.model.check(); })
       .def("set_activations", &BoundModel::set_activations)
       .def("activations", &BoundModel::activations)
+      .def("set_attention_kernels", &BoundModel::set_attention_kernels)
+      .def("attention_kernels", [](const BoundModel& b) { return std::string(b.model.attention_kernels->name); })
       .def("team", [](const BoundModel& b) {
         return pybind11::make_tuple(b.model.team_size(), b.model.threads, b.model.last_wait_fraction());
       }, "(threads of the next pass, threads on idle cores, share of the last team pass spent waiting)")

@@ -88,11 +88,14 @@ struct LeaderTimed {
 std::string Model::set_activations(const std::string& mode) {
   if (mode == "fp32") {
     int8 = nullptr;
+    attention_kernels = attention_blocks("auto");
     return "";
   }
   const Int8Variant* variant = int8_variant(mode);
   if (variant == nullptr) return "no integer kernel '" + mode + "' runs on this CPU";
   int8 = variant;
+  const AttentionBlocks* same_set = attention_blocks(std::string(variant->name) == "avx2" ? "avx2" : "auto");
+  attention_kernels = same_set != nullptr ? same_set : &kAttentionAvx2;
   auto repack = [&](const Weight& w, PackedInt8& out) {
     out = PackedInt8{};
     if (w.data != nullptr && (w.type == kQ4_1 || w.type == kQ8_0)) variant->pack(w, out);
@@ -217,7 +220,8 @@ void Model::attention_block(const Layer& layer, int64_t index, float* x, const P
   position_heads(layer, qkv, width, pass, team);
   {
     LeaderTimed timed(kAttention, team);
-    attention(pass.segments, index, AttentionShape{c.heads, c.kv_heads, c.head_dim}, qkv, width, attn, team);
+    attention(pass.segments, index, AttentionShape{c.heads, c.kv_heads, c.head_dim}, *attention_kernels, qkv, width, attn,
+              team);
   }
   project(layer.o, kOut, attn, rows, q_width, x, c.hidden, true, pass, team);
 }

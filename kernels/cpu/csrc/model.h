@@ -78,10 +78,14 @@ class Model {
   const float* context_norm = nullptr;
   // the integer kernels (8-bit activations) or null: fp32 activations, dequantized weights
   const Int8Variant* int8 = nullptr;
+  // attention's inner kernels: the same instruction set as the integer kernels' (the widest
+  // this CPU runs with fp32 activations); every set gives the same bits
+  const AttentionBlocks* attention_kernels = &kAttentionAvx2;
   int threads = 1;  // the team size of a pass on idle cores (see team_size())
 
   // 8-bit activations with this variant ("auto": the best this CPU has), or fp32 ("fp32");
-  // repacks every quantized weight. An error message, or "" when done.
+  // repacks every quantized weight, and takes the attention kernels of the variant's
+  // instruction set. An error message, or "" when done.
   std::string set_activations(const std::string& mode);
   // hidden [out_count, hidden] (and pass.taps)
   void forward(const Pass& pass, float* hidden) const;
