@@ -71,6 +71,8 @@ class KVPool:
         self.max_idle_blocks = blocks if max_idle_blocks is None else max_idle_blocks
         self._refs = [0] * blocks
         self._fill = [0] * blocks  # leading slots written (the unique positions a block holds)
+        # stats() kept as each block changes (a /metrics scrape must not walk the pool under the lock)
+        self._held = self._listed = self._held_positions = 0
         self._free = list(range(blocks - 1, -1, -1))  # a stack: the most recently freed block is reused first
         self._idle: OrderedDict[int, None] = OrderedDict()  # published, listed by nobody, oldest first
         self._published: dict[int, _Published] = {}
@@ -100,9 +102,8 @@ class KVPool:
         shared); held_positions: the positions written in held blocks (each once, however many list
         it); idle: published blocks cached for later prompts; reserved: promised, not taken."""
         with self._lock:
-            held = [b for b, r in enumerate(self._refs) if r]
-            return {"blocks": self.blocks, "held": len(held), "listed": sum(self._refs),
-                    "held_positions": sum(self._fill[b] for b in held), "idle": len(self._idle),
+            return {"blocks": self.blocks, "held": self._held, "listed": self._listed,
+                    "held_positions": self._held_positions, "idle": len(self._idle),
                     "reserved": self._reserved, "block_bytes": self.block_bytes, "block_tokens": self.block_tokens}
 
     # ---- the torch side's reads and writes -----------------------------------------------------------
@@ -139,8 +140,11 @@ class KVPool:
         with self._lock:
             for block in blocks:
                 self._refs[block] -= 1
+                self._listed -= 1
                 if self._refs[block]:
                     continue
+                self._held -= 1
+                self._held_positions -= self._fill[block]
                 if block in self._published:
                     self._idle[block] = None
                 else:
@@ -149,13 +153,20 @@ class KVPool:
                 self._free.append(self._evict_oldest())
 
     def filled(self, block: int, slots: int) -> None:
-        """A pass writes slots [0, slots) of the block."""
-        self._fill[block] = max(self._fill[block], slots)
+        """A pass writes slots [0, slots) of the block (a block some table holds)."""
+        with self._lock:
+            self._set_fill(block, max(self._fill[block], slots))
+
+    def _set_fill(self, block: int, slots: int) -> None:
+        self._held_positions += slots - self._fill[block]
+        self._fill[block] = slots
 
     def _take_locked(self) -> int:
         block = self._free.pop() if self._free else self._evict_oldest()
         self._refs[block] = 1
         self._fill[block] = 0
+        self._held += 1
+        self._listed += 1
         return block
 
     def _evict_oldest(self) -> int:
@@ -171,7 +182,11 @@ class KVPool:
         return block
 
     def _hold(self, block: int) -> None:
+        if not self._refs[block]:
+            self._held += 1
+            self._held_positions += self._fill[block]
         self._refs[block] += 1
+        self._listed += 1
         self._idle.pop(block, None)
 
     # ---- sharing ----------------------------------------------------------------------------------
@@ -208,7 +223,7 @@ class KVPool:
             own = self._take_locked()
             self.k[:, :, own, :, :best_len] = self.k[:, :, best, :, :best_len]  # under the lock: `best` stays put
             self.v[:, :, own, :best_len] = self.v[:, :, best, :best_len]
-            self._fill[own] = best_len
+            self._set_fill(own, best_len)
         table._adopt(own, None)
         return start + best_len
 

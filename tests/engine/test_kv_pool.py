@@ -121,3 +121,36 @@ def test_torch_reads_and_writes_cross_block_boundaries():
     assert torch.equal(keys[:, 5:35], k.transpose(0, 1)) and torch.equal(values[:, 5:35], v.transpose(0, 1))
     with pytest.raises(ValueError, match="do not fit"):
         table.ensure(41)
+
+
+def test_the_stats_kept_as_blocks_change_equal_a_walk_over_the_pool():
+    """held / listed / held_positions are counters (a /metrics scrape reads them without walking
+    the pool): through sharing, copies on divergence, releases, the idle cache and its evictions
+    they equal what walking every block says."""
+    p = pool(blocks=24, max_idle=3)
+
+    def walked() -> dict:
+        held = [b for b, refs in enumerate(p._refs) if refs]
+        return {"held": len(held), "listed": sum(p._refs), "held_positions": sum(p._fill[b] for b in held)}
+
+    live = []
+    for round_ in range(6):
+        prompt = list(range(100, 140)) + [round_] * (5 + round_)  # a shared head, then each its own
+        table = written(p, prompt)
+        p.publish(table, prompt, len(prompt), has_head=False, ended=round_ % 2 == 1)
+        live.append(table)
+        assert {k: p.stats()[k] for k in ("held", "listed", "held_positions")} == walked()
+        if round_ % 2:
+            live.pop(0).release()
+            assert {k: p.stats()[k] for k in ("held", "listed", "held_positions")} == walked()
+    for table in live:
+        table.release()
+    assert p.stats()["held"] == p.stats()["listed"] == p.stats()["held_positions"] == 0
+    head = list(range(500, 532))  # two whole blocks, published, ended, cached idle
+    first = written(p, head + [1])
+    p.publish(first, head + [1], 33, has_head=False, ended=True)
+    first.release()
+    revived = written(p, head + [2])  # lists the idle blocks again
+    assert p.stats()["held_positions"] > 0
+    assert {k: p.stats()[k] for k in ("held", "listed", "held_positions")} == walked()
+    revived.release()
