@@ -53,7 +53,7 @@ class KVPool:
     """Keys [layers, kv_heads, blocks, head_dim, block_tokens] and values [layers, kv_heads, blocks,
     block_tokens, head_dim], and who holds which block. A block's keys are stored transposed
     (dimension-major): the fused pass scores a block's keys for several queries at once, one
-    dimension of 8 keys per vector, with no sums across lanes (kernels/cpu/csrc/attention.cpp).
+    dimension of 8 or 16 keys per vector, with no sums across lanes (kernels/cpu/csrc/attention.cpp).
     A kv head's blocks sit side by side, so the blocks a request takes in a row (a fresh request's
     are consecutive) are one run of memory: attention streams them. `write` and `gather` are the
     torch side's only way in, so the layout is known here and in the C++ pass alone.

@@ -1,10 +1,10 @@
 // Attention of a packed pass's rows over their requests' paged KV caches. Work items are (segment,
 // kv head, chunk of rows), or per query head for short segments (decoding) so a few rows still
 // split over the team. An item's queries are scored a pool block at a time, several queries
-// against 16 keys per step: a block's keys are stored transposed, so one vector holds one
-// dimension of 8 keys and a score is a chain of FMAs over the dimensions in order, with no sums
-// across lanes. Then each query's scores are softmaxed and weighted over the values, several
-// queries per value row read. A row's result never depends on which other rows share its item
+// per step: a block's keys are stored transposed, so one vector holds one dimension of 8 or 16
+// keys and a score is a chain of FMAs over the dimensions in order, with no sums across lanes
+// (attention_blocks.h, one set of inner kernels per instruction set). Then each query's scores
+// are softmaxed and weighted over the values, several queries per value row read. A row's result never depends on which other rows share its item
 // or pass (AR decoding and a verify pass give the same bits), nor on which blocks hold its keys.
 // Pools hold fp32 or fp16 keys and values (Segment::half); the arithmetic is fp32 either way.
 #include "attention.h"
@@ -33,7 +33,7 @@ bool same_rows(const Item& a, const Item& b) {
 }
 
 float* scratch(int slot, int64_t floats) {
-  thread_local std::vector<float> buffers[3];
+  thread_local std::vector<float> buffers[2];
   auto& buffer = buffers[slot];
   if (int64_t(buffer.size()) < floats) buffer.resize(floats);
   return buffer.data();

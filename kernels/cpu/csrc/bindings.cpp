@@ -132,7 +132,7 @@ struct BoundModel {
       need_cache(values[i], "value pool");
       const at::Tensor& v = values[i];
       need(k.dim() == 5 && v.dim() == 5 && layer0 >= 0 && k.size(0) >= layer0 + int64_t(model.layers.size()) &&
-           k.size(1) == c.kv_heads && k.size(3) == c.head_dim && v.sizes()[0] == k.size(0) && v.size(1) == k.size(1) &&
+           k.size(1) == c.kv_heads && k.size(3) == c.head_dim && v.size(0) == k.size(0) && v.size(1) == k.size(1) &&
            v.size(2) == k.size(2) && v.size(3) == k.size(4) && v.size(4) == c.head_dim,
            "pools must be keys [layers, kv_heads, blocks, head_dim, block_tokens] and values [layers, kv_heads, "
            "blocks, block_tokens, head_dim] with this model's layers from layer0");
