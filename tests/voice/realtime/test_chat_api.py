@@ -15,13 +15,16 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from dllm_engine.request import DraftUpdate, EngineOverloaded, GenerationParams, RequestHandle
+from voice_app.settings import DEFAULT_INSTRUCTIONS
 from voice_app.speech.loaded_models import LoadedModels
 
 pytestmark = pytest.mark.slow
 
-# with a system message, as clients send one (without, the 135M model's greedy answer to this
-# question is a near tie that 8-bit activations tip, llama.cpp's as ours)
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+# with a system message, as clients send one: the voice app's own instructions. Without one, or
+# under a bare "You are a helpful assistant.", the 135M model's first word of this answer is a
+# near tie between "The" and "La"/"L" (0.07-0.3 logits apart under 8-bit activations, llama.cpp's
+# as ours) that any change in summation order tips; under these instructions it is 0.7-0.9 apart.
+SYSTEM = {"role": "system", "content": DEFAULT_INSTRUCTIONS}
 FRANCE = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon."}]
 
