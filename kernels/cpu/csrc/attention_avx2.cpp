@@ -39,24 +39,15 @@ inline void score_step(const float* Q, int64_t d, const T* KT, int64_t B, float*
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(S + r * lds + 8 * v, acc[r][v]);
 }
 
-template <typename T, int NV>
-void score_queries(int r, const float* Q, int64_t d, const T* KT, int64_t B, float* S, int64_t lds) {
-  switch (r) {
-    case 1: return score_step<T, 1, NV>(Q, d, KT, B, S, lds);
-    case 2: return score_step<T, 2, NV>(Q, d, KT, B, S, lds);
-    case 3: return score_step<T, 3, NV>(Q, d, KT, B, S, lds);
-    case 4: return score_step<T, 4, NV>(Q, d, KT, B, S, lds);
-    case 5: return score_step<T, 5, NV>(Q, d, KT, B, S, lds);
-    default: return score_step<T, kQueriesPerScore, NV>(Q, d, KT, B, S, lds);
-  }
-}
-
-// S[i, 0:B) = the scores of queries [0, r) (r <= kQueriesPerScore) against one block's B keys
-template <typename T>
-void score_block(int r, const float* Q, int64_t d, const T* KT, int64_t B, float* S, int64_t lds) {
+// S[i, 0:B) = the scores of queries [0, count) (count <= R) against one block's B keys (one
+// instantiation per count)
+template <typename T, int R>
+void score_block(int count, const float* Q, int64_t d, const T* KT, int64_t B, float* S, int64_t lds) {
+  if constexpr (R > 1)
+    if (count < R) return score_block<T, R - 1>(count, Q, d, KT, B, S, lds);
   int64_t j = 0;
-  for (; j + 16 <= B; j += 16) score_queries<T, 2>(r, Q, d, KT + j, B, S + j, lds);
-  if (j < B) score_queries<T, 1>(r, Q, d, KT + j, B, S + j, lds);  // B is a multiple of 8
+  for (; j + 16 <= B; j += 16) score_step<T, R, 2>(Q, d, KT + j, B, S + j, lds);
+  if (j < B) score_step<T, R, 1>(Q, d, KT + j, B, S + j, lds);  // B is a multiple of 8
 }
 
 // O[r][c0, c0 + 8 NV) += sum_{begin <= j < end} P[r][j] V[j, c0 ..] for R queries: each lane
@@ -86,21 +77,13 @@ inline void value_step(const float* P, int64_t lds, int64_t begin, int64_t end, 
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(O[r] + c0 + 8 * v, acc[r][v]);
 }
 
+// Queries [0, count) (count <= R): d a multiple of 8 vectorised; any other d (tiny test models)
+// one lane at a time, in the same key order.
 template <typename T, int R>
-void value_queries(const float* P, int64_t lds, int64_t begin, int64_t end, const char* const* blocks, int64_t B,
-                   int64_t d, float* const* O) {
-  int64_t c = 0;
-  for (; c + 16 <= d; c += 16) value_step<T, R, 2>(P, lds, begin, end, blocks, B, d, c, O);
-  if (c < d) value_step<T, R, 1>(P, lds, begin, end, blocks, B, d, c, O);
-}
-
-// Queries [0, r) (r <= kQueriesPerValue): d a multiple of 8 vectorised; any other d (tiny test
-// models) one lane at a time, in the same key order.
-template <typename T>
-void value_block(int r, const float* P, int64_t lds, int64_t begin, int64_t end, const char* const* blocks, int64_t B,
-                 int64_t d, float* const* O) {
+void value_block(int count, const float* P, int64_t lds, int64_t begin, int64_t end, const char* const* blocks,
+                 int64_t B, int64_t d, float* const* O) {
   if (d % 8) {
-    for (int i = 0; i < r; ++i)
+    for (int i = 0; i < count; ++i)
       for (int64_t c = 0; c < d; ++c)
         for (int64_t j = begin; j < end; ++j) {
           const T* V = reinterpret_cast<const T*>(blocks[j / B]);
@@ -108,23 +91,22 @@ void value_block(int r, const float* P, int64_t lds, int64_t begin, int64_t end,
         }
     return;
   }
-  switch (r) {
-    case 1: return value_queries<T, 1>(P, lds, begin, end, blocks, B, d, O);
-    case 2: return value_queries<T, 2>(P, lds, begin, end, blocks, B, d, O);
-    case 3: return value_queries<T, 3>(P, lds, begin, end, blocks, B, d, O);
-    default: return value_queries<T, kQueriesPerValue>(P, lds, begin, end, blocks, B, d, O);
-  }
+  if constexpr (R > 1)
+    if (count < R) return value_block<T, R - 1>(count, P, lds, begin, end, blocks, B, d, O);
+  int64_t c = 0;
+  for (; c + 16 <= d; c += 16) value_step<T, R, 2>(P, lds, begin, end, blocks, B, d, c, O);
+  if (c < d) value_step<T, R, 1>(P, lds, begin, end, blocks, B, d, c, O);
 }
 
 void score(int count, const float* Q, int64_t d, const void* keys, bool half, int64_t B, float* S, int64_t lds) {
-  if (half) score_block(count, Q, d, static_cast<const uint16_t*>(keys), B, S, lds);
-  else score_block(count, Q, d, static_cast<const float*>(keys), B, S, lds);
+  if (half) score_block<uint16_t, kQueriesPerScore>(count, Q, d, static_cast<const uint16_t*>(keys), B, S, lds);
+  else score_block<float, kQueriesPerScore>(count, Q, d, static_cast<const float*>(keys), B, S, lds);
 }
 
 void value(int count, const float* P, int64_t lds, int64_t begin, int64_t end, const char* const* blocks, int64_t B,
            bool half, int64_t d, float* const* O) {
-  if (half) value_block<uint16_t>(count, P, lds, begin, end, blocks, B, d, O);
-  else value_block<float>(count, P, lds, begin, end, blocks, B, d, O);
+  if (half) value_block<uint16_t, kQueriesPerValue>(count, P, lds, begin, end, blocks, B, d, O);
+  else value_block<float, kQueriesPerValue>(count, P, lds, begin, end, blocks, B, d, O);
 }
 
 bool supported() { return true; }  // the extension's baseline
