@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from voice_app.speech.decode_batches import WaitingBatch
-from voice_app.speech.transcript_guard import collapse_repetitions, looks_failed
+from voice_app.speech.transcript_guard import collapse_repetitions, is_loop, looks_failed
 from voice_app.speech.weights import verify_if_packaged, whisper_model_path
 from voice_app.speech.workers import PriorityPool
 
@@ -35,12 +35,15 @@ def window_frames(frames: int) -> int:
 
 
 def best_attempt(attempts: list[tuple[str, float | None]]) -> str:
-    """The last decode, unless it too looks failed: then the likeliest of them all (faster-whisper's
-    rule; a sampled retry of a failed decode is often worse than the beam's)."""
+    """The last decode, unless it too looks failed: then the likeliest of those that hold words and
+    are not loops (faster-whisper's rule, less its loops; a sampled retry of a failed decode is
+    often worse than the beam's, and a sampled "... ... ..." can be likelier per token than any words)."""
     text, log_prob = attempts[-1]
     if len(attempts) == 1 or not looks_failed(text, log_prob):
         return text
-    return max(attempts, key=lambda attempt: -math.inf if attempt[1] is None else attempt[1])[0]
+    candidates = [attempt for attempt in attempts if not is_loop(attempt[0]) and any(map(str.isalnum, attempt[0]))]
+    candidates = candidates or attempts
+    return max(candidates, key=lambda attempt: -math.inf if attempt[1] is None else attempt[1])[0]
 
 
 class Transcriber:

@@ -77,10 +77,13 @@ def compression_ratio(text: str) -> float:
     return len(raw) / max(1, len(zlib.compress(raw)))
 
 
+def is_loop(text: str) -> bool:
+    """Text that compresses too well: the decoder went round in circles ("... ... ...")."""
+    return len(text) > 20 and compression_ratio(text) > COMPRESSION_RATIO_LIMIT
+
+
 def looks_failed(text: str, average_log_prob: float | None) -> bool:
-    if len(text) > 20 and compression_ratio(text) > COMPRESSION_RATIO_LIMIT:
-        return True
-    return average_log_prob is not None and average_log_prob < LOG_PROB_LIMIT
+    return is_loop(text) or (average_log_prob is not None and average_log_prob < LOG_PROB_LIMIT)
 
 
 def _bare(word: str) -> str:

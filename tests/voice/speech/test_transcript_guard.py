@@ -39,3 +39,9 @@ def test_when_every_retry_of_a_failed_decode_fails_too_the_likeliest_is_kept():
     assert best_attempt([beam, ("Never mind.", -0.4)]) == "Never mind."  # a retry that passes is taken
     assert best_attempt([beam, ("There is an enemy there is a weapon", -1.9), ("name I mind", -1.5)]) == "Never mind."
     assert best_attempt([("What is the capital of France?", -0.3)]) == "What is the capital of France?"
+    # a sampled loop may score likelier per token than the beam's words: it is never the transcript
+    # (Whisper tiny's "... ... ..." for a Scots voice's "Who wrote Romeo and Juliet?" left it unanswered)
+    unsure = ("The role to all and you're at...", -1.74)
+    dots = ("... " * 16, -0.9)
+    assert best_attempt([unsure, dots, ("... ... ... ... ... ... ... ...", -1.2)]) == unsure[0]
+    assert best_attempt([("... " * 16, -1.5), dots]) == dots[0]  # nothing but loops: the likeliest
