@@ -75,6 +75,17 @@ def voice_onset_s(samples: np.ndarray, rate: int = WIRE_RATE, level: float = 0.0
     return 0.0
 
 
+def voice_offset_s(samples: np.ndarray, rate: int = WIRE_RATE, level: float = 0.01) -> float:
+    """Seconds into an utterance where its voice ends: the end of the last 10 ms louder than
+    -40 dBFS (a clip's trailing quiet is not speech the listener waits through)."""
+    window = rate // 100
+    audio = samples.astype(np.float32) / 32768.0
+    for end in range(len(audio) - len(audio) % window, window - 1, -window):
+        if float(np.sqrt(np.mean(audio[end - window:end] ** 2))) > level:
+            return end / rate
+    return len(audio) / rate
+
+
 @dataclass
 class RunOptions:
     url: str
@@ -194,7 +205,9 @@ class SimulatedUser:
             heard_in_s = max(0.0, self._heard_reply_at - time.monotonic())
             await asyncio.sleep(heard_in_s + turn.pause_ms / 1000 / self.options.speed)
         mark = len(self.conn.events)
-        speech_start, speech_end = await mic.say(samples)
+        speech_start, last_frame_sent = await mic.say(samples)
+        # eos: where the voice ended, not the clip's trailing quiet (its last frame left then)
+        speech_end = last_frame_sent - (len(samples) / WIRE_RATE - voice_offset_s(samples)) / self.options.speed
         if talked_over is not None and turn.backchannel_after_ms is not None:
             await self._follow_backchannel(talked_over, mark, result, leave_playing)
             return

@@ -188,6 +188,20 @@ def test_a_reply_is_heard_out_at_real_time_pace_from_when_its_audio_arrives():
     assert playback_end(events[:2], "resp_1", speed=2.0) == pytest.approx(11.0)
 
 
+def test_latencies_run_from_where_the_voice_ends_not_from_the_clips_trailing_quiet():
+    import numpy as np
+
+    from voice_app.loadtest.user import voice_offset_s, voice_onset_s
+
+    rate = 24000
+    tone = (3000 * np.sin(np.arange(rate // 2) * 0.1)).astype(np.int16)  # 500 ms of voice
+    hiss = np.full(rate // 10, 20, dtype=np.int16)  # 100 ms of quiet below -40 dBFS
+    clip = np.concatenate([hiss, tone, hiss, hiss, np.zeros(rate // 20, dtype=np.int16)])
+    assert voice_onset_s(clip) == pytest.approx(0.1)
+    assert voice_offset_s(clip) == pytest.approx(0.6)
+    assert voice_offset_s(np.zeros(rate // 5, dtype=np.int16)) == pytest.approx(0.2)  # no voice: the clip's end
+
+
 def test_script_turns_for_a_pause_inside_a_backchannel_and_expected_words(tmp_path):
     from voice_app.loadtest.script import ScriptError, parse_script
 
