@@ -2,12 +2,14 @@
 """Word error rate, repetition hallucinations and decode latency of the speech recogniser on
 the project's evaluation set (scripts/make_speech_eval.py), per configuration and per split.
 
-    .venv/bin/python scripts/eval_asr.py [--set runs/speech-eval] [--configs greedy,final] [--json out.json]
+    .venv/bin/python scripts/eval_asr.py [--set runs/speech-eval] [--configs greedy,final] [--tail-ms 100 --pad-ms 100]
+                                         [--json out.json]
 
 Configurations: `greedy` (how partials decode: beam 1, no fallback), `final` (how a turn's
 closing transcript decodes: the server's beam, faster-whisper's temperature fallback; both keep
 one copy of a decoding loop). Each utterance is decoded as the server decodes a turn: its
-audio with the turn's 300 ms of lead-in. The `held_out` split is reported apart from `tune`
+audio with the turn's 300 ms of lead-in (and, with --tail-ms, cut where the server cuts the turn's
+final decode). The `held_out` split is reported apart from `tune`
 and never guides a setting. Prints JSON and a table.
 """
 
@@ -79,12 +81,31 @@ def read_16k(path: Path) -> np.ndarray:
         return np.frombuffer(wav.readframes(wav.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
 
 
+def cut_after_speech(audio: np.ndarray, vad, tail_ms: int, pad_ms: int = 0, threshold: float = 0.5) -> np.ndarray:
+    """The audio up to the VAD's last speech window plus `tail_ms`, then `pad_ms` of digital
+    silence, as the server cuts a turn for its final transcript (core/turns.py FINAL_TAIL_SAMPLES
+    and CLOSING_PAD_SAMPLES; the detector's hysteresis)."""
+    from voice_app.core.models import VAD_WINDOW
+
+    probs = vad.stream().process(audio)
+    started, last_speech = False, len(audio)
+    for index, prob in enumerate(probs):
+        started = started or prob >= threshold
+        if started and prob >= threshold - 0.15:
+            last_speech = (index + 1) * VAD_WINDOW
+    return np.concatenate([audio[:last_speech + tail_ms * 16], np.zeros(pad_ms * 16, dtype=np.float32)])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", type=Path, default=ROOT / "runs" / "speech-eval")
     parser.add_argument("--configs", default="greedy,final")
     parser.add_argument("--model", default=None, help="a Whisper model (default: the server's)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--tail-ms", type=int, default=None,
+                        help="cut each utterance this long after the VAD's last speech, as the server "
+                             "cuts a turn (default: the whole file, its trailing quiet included)")
+    parser.add_argument("--pad-ms", type=int, default=0, help="digital silence after the --tail-ms cut")
     args = parser.parse_args()
     from voice_app.settings import Settings
     from voice_app.speech.asr import Transcriber
@@ -95,12 +116,19 @@ def main() -> int:
     entries = json.loads((args.set / "manifest.json").read_text())
     lead_in = np.zeros(int(0.3 * 16000), dtype=np.float32)
     transcriber.transcribe_blocking(np.zeros(16000, dtype=np.float32))  # warm
+    vad = None
+    if args.tail_ms is not None:
+        from voice_app.speech.vad import SileroVad
+        vad = SileroVad()
     report = {"model": transcriber.model_name, "utterances": len(entries), "final_beam": transcriber.final_beam,
+              "tail_ms": args.tail_ms, "pad_ms": args.pad_ms,
               "results": {}, "by_voice": {}, "misheard": {}, "hallucinated": {}}
     for config in args.configs.split(","):
         rows = []
         for entry in entries:
             audio = np.concatenate([lead_in, read_16k(args.set / entry["file"])])
+            if vad is not None:
+                audio = cut_after_speech(audio, vad, args.tail_ms, args.pad_ms)
             started = time.perf_counter()
             text = transcriber.transcribe_blocking(audio, final=config == "final")
             seconds = time.perf_counter() - started
