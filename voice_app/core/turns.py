@@ -32,9 +32,16 @@ log = logging.getLogger(__name__)
 
 MAX_UTTERANCE_S = 30  # a turn this long is committed even if the speaker goes on
 REUSE_MARGIN_SAMPLES = ASR_RATE // 10  # a partial reaching 100 ms past the last speech: nothing new to decode
+# once the speaker has been quiet this long no partial starts: the pause's closing decode is a few
+# windows away and hears the same words, and a partial in the one Whisper queue would delay it
+QUIET_NO_PARTIAL_MS = 64
 # trailing silence Whisper gets after the last speech: a turn's final transcript is the decode of
-# [turn start, last speech + this], however the client cut its audio into chunks
-FINAL_TAIL_SAMPLES = ASR_RATE // 5
+# [turn start, last speech + FINAL_TAIL_SAMPLES] and then CLOSING_PAD_SAMPLES of digital silence,
+# however the client cut its audio into chunks. Whisper hears a turn's end in the tail's length
+# (tiny.en: "capital of friends" for "France" with 100 or 150 ms, "France" with 200 ms), so it
+# always gets 200 ms; only the first 100 ms need to have arrived, for 100 ms less wait
+FINAL_TAIL_SAMPLES = ASR_RATE // 10
+CLOSING_PAD_SAMPLES = ASR_RATE // 5 - FINAL_TAIL_SAMPLES
 MIN_COMMIT_SAMPLES = ASR_RATE // 10  # input_audio_buffer.commit needs at least 100 ms
 INLINE_ANALYSIS_S = 0.25  # input up to this long is resampled and VAD-scored on the event loop
 ANALYSIS_SLICE_S = 0.5  # longer input: in slices this long, each on a worker thread
@@ -84,8 +91,12 @@ class UserTurn:
     # did not hold (speech in its first 300 ms, or right after a clear or commit)
     lead_pad: int = 0
 
-    def padded(self, audio: np.ndarray) -> np.ndarray:
-        return np.concatenate([np.zeros(self.lead_pad, dtype=np.float32), audio]) if self.lead_pad else audio
+    def padded(self, audio: np.ndarray, closing: bool = False) -> np.ndarray:
+        """What Whisper gets: the lead pad, the audio and, for a closing decode, its silent pad."""
+        tail = CLOSING_PAD_SAMPLES if closing else 0
+        if not self.lead_pad and not tail:
+            return audio
+        return np.concatenate([np.zeros(self.lead_pad, dtype=np.float32), audio, np.zeros(tail, dtype=np.float32)])
 
     def remember(self, end: int, decode: asyncio.Task, closing: bool) -> None:
         """Keeps the last four decodes for reuse; `closing`: made at a pause, for the transcript."""
@@ -295,7 +306,7 @@ class Listener:
             return await asyncio.shield(same)
         audio = self._buffer.slice(turn.start_sample, end)
         started = time.monotonic()
-        task = self._start_decode(turn.padded(audio), final=final)
+        task = self._start_decode(turn.padded(audio, closing=final), final=final)
         turn.remember(end, task, closing=final)
         text = await asyncio.shield(task)
         log.debug("session %s: %.1f s of speech transcribed in %.0f ms: %r", self._session_id,
@@ -306,7 +317,7 @@ class Listener:
         last_decode = time.monotonic()
         while turn is self.turn:
             await asyncio.sleep(max(0.02, last_decode + self._partial_interval_s - time.monotonic()))  # a steady cadence
-            if turn is not self.turn or self._transcriber.busy:
+            if turn is not self.turn or self._transcriber.busy or self._detector.silence_ms() >= QUIET_NO_PARTIAL_MS:
                 continue
             last_decode = time.monotonic()
             if turn.transcription_covering(self._detector.last_speech_sample + REUSE_MARGIN_SAMPLES):
@@ -423,7 +434,7 @@ class Listener:
                 return await asyncio.shield(same)
             except Exception:
                 log.exception("session %s: reusable transcription failed; decoding again", self._session_id)
-        return await self._start_decode(turn.padded(audio), final=True)
+        return await self._start_decode(turn.padded(audio, closing=True), final=True)
 
     async def _finish_turn(self, turn: UserTurn, end: int, audio: np.ndarray, clock: TurnClock) -> None:
         """`audio`: the turn's samples (with a short tail of silence), copied when it ended."""

@@ -12,7 +12,7 @@ from voice_app.core.options import COMPLETE_SILENCE_MS, EAGERNESS_MAX_SILENCE_MS
 from voice_app.core.turns import UserTurn
 
 from ..clients import silence, stream_audio
-from ..fakes import WORD_S, ScriptedModels, ScriptedTranscriber
+from ..fakes import SPEECH_FLOOR, WORD_S, ScriptedModels, ScriptedTranscriber
 from .test_session import is_done, make_session
 
 QUESTION = "What is the capital of Spain?"
@@ -102,6 +102,38 @@ async def test_a_pause_whose_speech_went_on_before_its_decode_was_asked_makes_no
     went_on_from = listener._detector.last_speech_sample - 2048  # a pause that speech has since passed
     assert await listener._decode_until_tail(listener.turn, went_on_from) is None
     assert models.transcriber.finals == 0 and not listener.turn.closing_decodes
+    await session.close()
+
+
+class PartialsHeard(ScriptedTranscriber):
+    """Records, for each partial (greedy) decode, how much silence ends its audio."""
+
+    def __init__(self, speech):
+        super().__init__(speech)
+        self.trailing_silence_ms: list[float] = []
+
+    async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
+        if not final:
+            voiced = np.flatnonzero(np.abs(audio_16k) > SPEECH_FLOOR)
+            last = voiced[-1] + 1 if len(voiced) else 0
+            self.trailing_silence_ms.append((len(audio_16k) - last) * 1000 / 16000)
+        return await super().transcribe(audio_16k, final)
+
+
+async def test_no_partial_decode_starts_once_the_speaker_has_gone_quiet():
+    # the pause's closing decode follows within a few windows and hears the same words: a
+    # partial of the silence would only sit in front of it in the one Whisper queue
+    models = ScriptedModels()
+    models.transcriber = PartialsHeard(models.speech)
+    session, log, _ = make_session(models)
+    await speak(session, models.speech.say(QUESTION))
+    await log.wait_for(lambda e: e["type"] == "x_input_audio_transcription.partial"
+                       and f"{e['stable']} {e['unstable']}".strip() == QUESTION)
+    decoded = len(models.transcriber.trailing_silence_ms)
+    await speak(session, silence(0.15))  # quiet for 2-3 windows: no pause yet, no end of turn
+    await asyncio.sleep(0.3)  # six partial intervals
+    assert session.listener.turn is not None
+    assert models.transcriber.trailing_silence_ms[decoded:] == []
     await session.close()
 
 
