@@ -6,7 +6,8 @@ rate, the percentiles, the table and the plot; command.py is the CLI.
 Each simulated user is a plain protocol client: a microphone task streams PCM16 at real-time
 pace (20-40 ms frames, silence between utterances, like a real mic), and a script runner says
 each turn's utterance and watches the server's events. All latencies are measured on the client
-from *end of speech sent* (the last frame holding the utterance's audio):
+from *end of speech sent*: when the frame holding the utterance's last voiced 10 ms left (the
+clip's trailing quiet, 200-450 ms in synthesised clips, is not counted as speech):
 
 - eos_to_transcript_ms: -> `conversation.item.input_audio_transcription.completed`
   (includes the server's end-of-turn silence wait, as a user would feel it)
