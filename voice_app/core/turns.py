@@ -32,14 +32,10 @@ log = logging.getLogger(__name__)
 
 MAX_UTTERANCE_S = 30  # a turn this long is committed even if the speaker goes on
 REUSE_MARGIN_SAMPLES = ASR_RATE // 10  # a partial reaching 100 ms past the last speech: nothing new to decode
-# once the speaker has been quiet this long no partial starts: the pause's closing decode is a few
-# windows away and hears the same words, and a partial in the one Whisper queue would delay it
-QUIET_NO_PARTIAL_MS = 64
-# trailing silence Whisper gets after the last speech: a turn's final transcript is the decode of
-# [turn start, last speech + FINAL_TAIL_SAMPLES] and then CLOSING_PAD_SAMPLES of digital silence,
-# however the client cut its audio into chunks. Whisper hears a turn's end in the tail's length
-# (tiny.en: "capital of friends" for "France" with 100 or 150 ms, "France" with 200 ms), so it
-# always gets 200 ms; only the first 100 ms need to have arrived, for 100 ms less wait
+QUIET_NO_PARTIAL_MS = 64  # quiet this long: no partial, which would queue before the pause's closing decode
+# a turn's final transcript is the decode of [turn start, last speech + FINAL_TAIL_SAMPLES], then
+# CLOSING_PAD_SAMPLES of digital silence, however the client chunked its audio: 200 ms of tail in
+# all (tiny.en heard "France" as "friends" with 100 or 150 ms), of which only 100 ms are waited for
 FINAL_TAIL_SAMPLES = ASR_RATE // 10
 CLOSING_PAD_SAMPLES = ASR_RATE // 5 - FINAL_TAIL_SAMPLES
 MIN_COMMIT_SAMPLES = ASR_RATE // 10  # input_audio_buffer.commit needs at least 100 ms
@@ -93,10 +89,8 @@ class UserTurn:
 
     def padded(self, audio: np.ndarray, closing: bool = False) -> np.ndarray:
         """What Whisper gets: the lead pad, the audio and, for a closing decode, its silent pad."""
-        tail = CLOSING_PAD_SAMPLES if closing else 0
-        if not self.lead_pad and not tail:
-            return audio
-        return np.concatenate([np.zeros(self.lead_pad, dtype=np.float32), audio, np.zeros(tail, dtype=np.float32)])
+        tail = np.zeros(CLOSING_PAD_SAMPLES if closing else 0, dtype=np.float32)
+        return np.concatenate([np.zeros(self.lead_pad, dtype=np.float32), audio, tail])
 
     def remember(self, end: int, decode: asyncio.Task, closing: bool) -> None:
         """Keeps the last four decodes for reuse; `closing`: made at a pause, for the transcript."""
