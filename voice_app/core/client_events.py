@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from voice_app.audio.pcm import AudioFormatError, decode_base64_pcm16
 from voice_app.core.conversation import ConversationItem, announce_evictions, new_id
-from voice_app.core.turns import TurnClock
+from voice_app.core.user_turn import TurnClock
 from voice_app.events import protocol as p
 from voice_app.events.session_config import applied_settings, session_config
 

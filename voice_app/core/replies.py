@@ -23,7 +23,7 @@ from voice_app.core.offload import submit_off_loop
 from voice_app.core.options import SessionOptions
 from voice_app.core.response import Response
 from voice_app.core.response_events import response_ended, response_started, turn_report
-from voice_app.core.turns import TurnClock
+from voice_app.core.user_turn import TurnClock
 from voice_app.events import protocol as p
 from voice_app.settings import Settings
 

@@ -28,7 +28,7 @@ from voice_app.core.audio_sink import AudioSink, Send, ms_of
 from voice_app.core.conversation import ConversationItem, SpokenPiece, new_id
 from voice_app.core.models import Synthesizer
 from voice_app.core.speech_text import SentenceSettler, clean_for_speech
-from voice_app.core.turns import TurnClock
+from voice_app.core.user_turn import TurnClock
 from voice_app.events.protocol import server_event
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,8 @@ from voice_app.core.options import SessionOptions
 from voice_app.core.replies import Replies
 from voice_app.core.response import Response
 from voice_app.core.speculation import Speculation
-from voice_app.core.turns import Listener, TurnClock, UserTurn
+from voice_app.core.turns import Listener
+from voice_app.core.user_turn import TurnClock, UserTurn
 from voice_app.events import protocol as p
 from voice_app.settings import Settings
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from voice_app.core.audio_sink import WireAudioSink
-from voice_app.core.turns import UserTurn
+from voice_app.core.user_turn import UserTurn
 from voice_app.realtime.event_feed import audio_after_clear
 from voice_app.events.protocol import server_event
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from voice_app.core.options import COMPLETE_SILENCE_MS, EAGERNESS_MAX_SILENCE_MS
-from voice_app.core.turns import UserTurn
+from voice_app.core.user_turn import UserTurn
 
 from ..clients import silence, stream_audio
 from ..fakes import SPEECH_FLOOR, WORD_S, ScriptedModels, ScriptedTranscriber
