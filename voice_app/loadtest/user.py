@@ -64,26 +64,25 @@ class Microphone:
         await asyncio.gather(self._task, return_exceptions=True)
 
 
+def _loud_windows(samples: np.ndarray, rate: int, level: float) -> np.ndarray:
+    """Which 10 ms windows of the utterance are louder than `level` (RMS, full scale 1)."""
+    window = rate // 100
+    audio = samples[:len(samples) - len(samples) % window].astype(np.float32) / 32768.0
+    return np.sqrt(np.mean(audio.reshape(-1, window) ** 2, axis=1)) > level
+
+
 def voice_onset_s(samples: np.ndarray, rate: int = WIRE_RATE, level: float = 0.01) -> float:
     """Seconds into an utterance where its voice starts: the first 10 ms louder than -40 dBFS
     (a synthesised clip leads with 40-70 ms of near silence)."""
-    window = rate // 100
-    audio = samples.astype(np.float32) / 32768.0
-    for start in range(0, max(0, len(audio) - window), window):
-        if float(np.sqrt(np.mean(audio[start:start + window] ** 2))) > level:
-            return start / rate
-    return 0.0
+    loud = np.flatnonzero(_loud_windows(samples, rate, level))
+    return loud[0] / 100 if len(loud) else 0.0
 
 
 def voice_offset_s(samples: np.ndarray, rate: int = WIRE_RATE, level: float = 0.01) -> float:
     """Seconds into an utterance where its voice ends: the end of the last 10 ms louder than
     -40 dBFS (a clip's trailing quiet is not speech the listener waits through)."""
-    window = rate // 100
-    audio = samples.astype(np.float32) / 32768.0
-    for end in range(len(audio) - len(audio) % window, window - 1, -window):
-        if float(np.sqrt(np.mean(audio[end - window:end] ** 2))) > level:
-            return end / rate
-    return len(audio) / rate
+    loud = np.flatnonzero(_loud_windows(samples, rate, level))
+    return (loud[-1] + 1) / 100 if len(loud) else len(samples) / rate
 
 
 @dataclass
