@@ -81,18 +81,19 @@ def read_16k(path: Path) -> np.ndarray:
         return np.frombuffer(wav.readframes(wav.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
 
 
-def cut_after_speech(audio: np.ndarray, vad, tail_ms: int, pad_ms: int = 0, threshold: float = 0.5) -> np.ndarray:
-    """The audio up to the VAD's last speech window plus `tail_ms`, then `pad_ms` of digital
-    silence, as the server cuts a turn for its final transcript (core/turns.py FINAL_TAIL_SAMPLES
-    and CLOSING_PAD_SAMPLES; the detector's hysteresis)."""
-    from voice_app.core.models import VAD_WINDOW
+def cut_after_speech(audio: np.ndarray, vad, tail_ms: int, pad_ms: int = 0) -> np.ndarray:
+    """The audio up to the turn detector's last speech window plus `tail_ms`, then `pad_ms` of
+    digital silence, as the server cuts a turn for its final transcript (core/user_turn.py
+    FINAL_TAIL_SAMPLES and CLOSING_PAD_SAMPLES)."""
+    from voice_app.core.options import TurnDetection
+    from voice_app.core.turn_detector import TurnDetector
 
-    probs = vad.stream().process(audio)
-    started, last_speech = False, len(audio)
-    for index, prob in enumerate(probs):
-        started = started or prob >= threshold
-        if started and prob >= threshold - 0.15:
-            last_speech = (index + 1) * VAD_WINDOW
+    detector = TurnDetector(TurnDetection())
+    last_speech = 0
+    for prob in vad.stream().process(audio):
+        detector.feed(prob)
+        last_speech = max(last_speech, detector.last_speech_sample)
+    last_speech = last_speech or len(audio)  # no speech heard: the whole utterance
     return np.concatenate([audio[:last_speech + tail_ms * 16], np.zeros(pad_ms * 16, dtype=np.float32)])
 
 
