@@ -27,7 +27,7 @@ from voice_app.audio.pcm import WIRE_RATE
 from voice_app.core.audio_sink import AudioSink, Send, ms_of
 from voice_app.core.conversation import ConversationItem, SpokenPiece, new_id
 from voice_app.core.models import Synthesizer
-from voice_app.core.speech_text import SentenceSettler, clean_for_speech
+from voice_app.core.speech_text import SentenceSettler, clean_for_speech, words
 from voice_app.core.user_turn import TurnClock
 from voice_app.events.protocol import server_event
 
@@ -74,6 +74,7 @@ class Response:
         self.failure: str | None = None  # why it failed, for response.done's status_details
         self.last_update: Any = None
         self.spoken_text = ""  # text of every sentence handed to the client so far
+        self._settled: set[tuple[str, ...]] = set()  # the words of each sentence settled so far
         self.metrics_reported = False
         self.metadata: dict[str, str] | None = None  # response.create's, echoed back
         self.out_of_band = False  # conversation "none": the conversation does not keep it
@@ -183,7 +184,7 @@ class Response:
 
     def _on_update(self, update: Any, settler: SentenceSettler) -> bool:
         """One engine update: the newest draft for the client, settled sentences for TTS (or the
-        client); False once the request failed."""
+        client); False once there is nothing more to read: the request failed, or it loops."""
         self.last_update = update
         if update.draft_text and self.adopted and self.clock.first_draft_at is None:
             self.clock.first_draft_at = time.monotonic()
@@ -197,11 +198,25 @@ class Response:
             log.debug("response %s: sentence settled after %d passes: %r", self.id, update.stats.forward_passes,
                       sentence)
             sentence = clean_for_speech(sentence)
+            if self._loops(sentence):
+                return False
             if sentence and self.audio_out:
                 self._sentences.put_nowait(sentence)
             elif sentence:
                 self._outbox.put_nowait(("text", sentence))
         return True
+
+    def _loops(self, sentence: str) -> bool:
+        """A sentence this reply has said already, word for word: the model is looping (SmolLM2
+        said "I'm sorry for any misunderstanding." nine times over to a misheard question). The
+        reply ends before it, with what it has said, and the engine stops making it."""
+        said = tuple(words(sentence))
+        if said and said in self._settled:
+            log.info("response %s: %r again: the model loops; the reply ends there", self.id, sentence)
+            self.handle.cancel()
+            return True
+        self._settled.add(said)
+        return False
 
     async def _synthesize_sentences(self) -> None:
         synthesized = 0

@@ -186,7 +186,7 @@ async def test_closing_a_session_cancels_its_queued_decodes():
 async def test_a_client_that_does_not_read_pauses_synthesis():
     """The speaker sends one sentence at a time; synthesis runs at most AUDIO_AHEAD_SENTENCES
     ahead of it, so a stalled client holds a few sentences of audio, not the whole reply."""
-    models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: "One two three. " * 20))
+    models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: " ".join(f"Sentence {n} ends." for n in range(20))))
     gate = asyncio.Event()
 
     class StalledSink:

@@ -171,6 +171,21 @@ async def test_a_client_truncate_is_final_and_text_replies_send_no_audio():
     await session.close()
 
 
+@pytest.mark.parametrize("modality", ["audio", "text"])
+async def test_a_reply_that_says_a_sentence_again_ends_before_it_and_stops_the_engine(modality):
+    looping = "I am sorry for any misunderstanding. Let me help. I am sorry for any misunderstanding! More words."
+    models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: looping))
+    session, log, _ = make_session(models)
+    await session.handle_text(text_turn("Pull off from your hands to eat."))
+    await session.handle_text(json.dumps({"type": "response.create", "response": {"output_modalities": [modality]}}))
+    done = await log.wait_for(is_done())
+    assert done["response"]["status"] == "completed"
+    said = "I am sorry for any misunderstanding. Let me help."
+    assert session.conversation.items[-1].text == said
+    assert models.engine.handles[-1].cancelled, "the engine stopped making the loop"
+    await session.close()
+
+
 async def test_close_mid_response_cancels_the_engine_and_tts_work_and_sends_nothing_more():
     models = ScriptedModels(engine=ScriptedEngine(reply=lambda m: LONG_REPLY, hold_after_words=10))
     session, log, _ = make_session(models)

@@ -105,7 +105,7 @@ async def test_barge_in_clears_cancels_and_truncates(speech_models, test_audio):
 
 
 async def test_close_mid_response_leaves_no_engine_or_tts_work(speech_models):
-    engine = ScriptedEngine(reply=lambda m: "One two three four. " * 40, step_s=0.05, words_per_step=2)
+    engine = ScriptedEngine(reply=lambda m: " ".join(f"Count {n} is here." for n in range(40)), step_s=0.05, words_per_step=2)
     session, log = make_session(speech_models, engine)
     await session.handle_text(json.dumps({"type": "conversation.item.create", "item": {
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Count."}]}}))
