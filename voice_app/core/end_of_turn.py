@@ -108,6 +108,19 @@ def ends_a_sentence(transcript: str) -> bool:
     return transcript.rstrip().endswith((".", "?", "!"))
 
 
+# Whisper tiny.en sometimes writes a whole utterance in lower case without one punctuation mark
+# ("who wrote Romeo and Juliet"), and the model reads no end in it (p = 0.000; 0.108 with "?"):
+# such words say nothing either way, so they wait server_vad's window, not the eagerness's limit.
+# Two words or fewer ("how many") are too likely the start of a thought.
+UNPUNCTUATED_MIN_WORDS = 3
+
+
+def written_without_punctuation(transcript: str) -> bool:
+    text = transcript.strip()
+    return (text[:1].islower() and not re.search(r"[.,;:!?…]", text)
+            and len(words(text)) >= UNPUNCTUATED_MIN_WORDS)
+
+
 class EndOfTurnJudge:
     def __init__(self, engine: Engine, conversation_with: Callable[[str], list[dict[str, str]]],
                  threshold: float, fit: Callable[[list[dict[str, str]]], list[dict[str, str]]] | None = None):
@@ -135,13 +148,16 @@ class EndOfTurnJudge:
     async def sounds_finished(self, transcript: str) -> bool | None:
         """True (the short silence ends the turn), False (unfinished: the eagerness's limit), or
         None (server_vad's window): no verdict in time, or a low score for words that do end a
-        sentence ("Hello." scores 0.006: a greeting should not wait 1.6 s)."""
+        sentence ("Hello." scores 0.006: a greeting should not wait 1.6 s) or that Whisper wrote
+        without punctuation."""
         if sounds_cut_off(transcript):
             return False
         probability = await self.probability(transcript)
         if probability is not None and probability >= self.threshold:
             return True
-        return None if probability is None or ends_a_sentence(transcript) else False
+        if probability is None or ends_a_sentence(transcript) or written_without_punctuation(transcript):
+            return None
+        return False
 
     async def probability(self, transcript: str) -> float | None:
         """p(end of turn | conversation, transcript); None when the engine cannot say in time."""

@@ -48,6 +48,11 @@ def judge_with(scores: dict[str, float]) -> tuple[EndOfTurnJudge, ScoringEngine]
     ("No wait,", 0.40, False),
     ("So the thing is...", 0.30, False),
     ("Wait, stop.", 0.62, True),
+    ("who wrote Romeo and Juliet", 0.0, None),  # Whisper wrote no punctuation: the words say nothing
+    ("how many days are there in a week", 0.185, True),
+    ("how many", 0.0, False),  # too short to be more than a start
+    ("who wrote Romeo and", 0.0, False),  # dangling, punctuated or not
+    ("What is the capital of France", 0.003, False),  # punctuated style (capitalised) but no end mark
 ])
 async def test_the_verdict_weighs_the_score_and_the_last_word(transcript, score, verdict):
     judge, _ = judge_with({transcript: score})
