@@ -32,7 +32,7 @@ class TurnDetection:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
-    pause_ms: int = 96  # ours, not on the wire: a pause this long starts a speculative draft
+    pause_ms: int = 64  # ours, not on the wire: a pause this long starts a speculative draft
     create_response: bool = True
     interrupt_response: bool = True
 

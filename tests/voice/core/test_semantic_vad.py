@@ -130,7 +130,7 @@ async def test_no_partial_decode_starts_once_the_speaker_has_gone_quiet():
     await log.wait_for(lambda e: e["type"] == "x_input_audio_transcription.partial"
                        and f"{e['stable']} {e['unstable']}".strip() == QUESTION)
     decoded = len(models.transcriber.trailing_silence_ms)
-    await speak(session, silence(0.15))  # quiet for 2-3 windows: no pause yet, no end of turn
+    await speak(session, silence(0.15))  # quiet for 4-5 windows: a pause and its closing decode, no end of turn
     await asyncio.sleep(0.3)  # six partial intervals
     assert session.listener.turn is not None
     assert models.transcriber.trailing_silence_ms[decoded:] == []

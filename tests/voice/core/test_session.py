@@ -78,7 +78,7 @@ async def test_a_pause_drafts_the_reply_before_the_turn_ends_and_the_turn_adopts
     log = EventLog(on_event=lambda e: drafts_at_stop.append(len(models.engine.submitted.items))
                    if e["type"] == "input_audio_buffer.speech_stopped" else None)
     session, log, _ = make_session(models, log=log)
-    # a pause (160 ms), not yet the end (500 ms), and the whole final tail (200 ms) after the last
+    # a pause (64 ms), not yet the end (500 ms), and the whole final tail (50 ms) after the last
     # speech window, so the decode made at the pause is the final one
     await say(session, models, QUESTION, after=silence(0.3))
     await models.engine.submitted.wait_for(lambda prompt: prompt[-1]["content"] == QUESTION)
