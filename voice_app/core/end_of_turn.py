@@ -7,7 +7,7 @@ punctuation Whisper writes, so "What is the capital of France?" scores ~0.6 and 
 capital of" ~0.0. Lexical checks keep the small model honest: words that end on "of", "the",
 "and" ... or on a pause's comma ("No wait,") are unfinished whatever the score, and words that
 end a sentence but score low ("Hello.") wait server_vad's window rather than the eagerness's
-limit.
+limit, as do words Whisper wrote in lower case without punctuation (the model reads no end in them).
 Without a verdict in time (a busy engine) the turn ends at server_vad's silence window too.
 Verdicts are asked for each partial transcript as it comes (`prefetch`), so the one a pause
 needs is usually ready when the pause begins.
