@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     prefix_padding_ms: int = Field(300, ge=0, le=5000)
     silence_duration_ms: int = Field(500, ge=32, le=10000)
     partial_interval_ms: int = Field(250, ge=50, le=5000)
-    # a pause this long starts a speculative draft and the closing decode (once its 100 ms tail is in)
+    # a pause this long starts a speculative draft and the closing decode (once its 50 ms tail is in)
     draft_pause_ms: int = Field(64, ge=32, le=5000)
     barge_in_min_speech_ms: int = Field(64, ge=0, le=5000)  # speech over a reply that pauses it
     barge_in_sure_ms: int = Field(1200, ge=0, le=10000)  # speech this long over a paused reply cuts it at once
