@@ -89,11 +89,9 @@ def cut_after_speech(audio: np.ndarray, vad, tail_ms: int, pad_ms: int = 0) -> n
     from voice_app.core.turn_detector import TurnDetector
 
     detector = TurnDetector(TurnDetection())
-    last_speech = 0
     for prob in vad.stream().process(audio):
-        detector.feed(prob)
-        last_speech = max(last_speech, detector.last_speech_sample)
-    last_speech = last_speech or len(audio)  # no speech heard: the whole utterance
+        detector.feed(prob)  # its last speech window only moves forward
+    last_speech = detector.last_speech_sample or len(audio)  # no speech heard: the whole utterance
     return np.concatenate([audio[:last_speech + tail_ms * 16], np.zeros(pad_ms * 16, dtype=np.float32)])
 
 
