@@ -10,6 +10,7 @@ import asyncio
 import math
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,18 +21,30 @@ from voice_app.speech.workers import PriorityPool
 
 SAMPLE_RATE = 16000
 FULL_WINDOW_FRAMES = 3000  # Whisper's native 30 s encoder window (100 mel frames a second)
-MIN_WINDOW_FRAMES = 1000  # shorter windows than 10 s make tiny models loop; 10 s is safe
-WINDOW_STEP_FRAMES = 500
+WINDOW_MARGIN_FRAMES = 100  # an utterance's window holds at least 1 s of padding after it
+
+
+@dataclass(frozen=True)
+class WindowPolicy:
+    """How long an encoder window is: the utterance plus a margin, rounded up to `step_frames`,
+    at least `min_frames`. Measured over the speech-eval set (docs/benchmarks.md, "Speech"):
+    greedy decodes (partials) hear as well or better in a 3 s window stepped by 1 s as in
+    a 10 s one, at half the time; the beam's final decode heard best in 10 s windows."""
+
+    min_frames: int
+    step_frames: int
+
+    def frames(self, utterance_frames: int) -> int:
+        window = -(-(utterance_frames + WINDOW_MARGIN_FRAMES) // self.step_frames) * self.step_frames
+        return min(FULL_WINDOW_FRAMES, max(self.min_frames, window))
+
+
+PARTIAL_WINDOW = WindowPolicy(min_frames=300, step_frames=100)
+FINAL_WINDOW = WindowPolicy(min_frames=1000, step_frames=500)
 NO_SPEECH_THRESHOLD = 0.6  # above this (and a low log-probability), the window is silence
 SILENT_LOG_PROB = -1.0  # faster-whisper's pair: no_speech_prob > 0.6 and avg log-prob < -1.0
 FALLBACK_TEMPERATURES = (0.4, 0.8)  # a final decode that looks failed is retried at these
 MAX_BATCH = 8  # utterances decoded in one call (decode_batches.py)
-
-
-def window_frames(frames: int) -> int:
-    """The encoder window for an utterance of `frames` mel frames: just long enough, in steps."""
-    window = -(-(frames + 100) // WINDOW_STEP_FRAMES) * WINDOW_STEP_FRAMES
-    return min(FULL_WINDOW_FRAMES, max(MIN_WINDOW_FRAMES, window))
 
 
 def best_attempt(attempts: list[tuple[str, float | None]]) -> str:
@@ -49,9 +62,9 @@ def best_attempt(attempts: list[tuple[str, float | None]]) -> str:
 class Transcriber:
     """One faster-whisper model shared by all sessions, with a fixed number of decode workers.
 
-    Utterances shorter than ~28 s are encoded in a window just long enough for them (at least
-    10 s) instead of Whisper's padded 30 s: the encoder's cost scales with the window, so a
-    short turn decodes several times faster with the same words.
+    Utterances shorter than ~28 s are encoded in a window just long enough for them (WindowPolicy:
+    at least 3 s for partials, 10 s for finals) instead of Whisper's padded 30 s: the encoder's
+    cost scales with the window, so a short turn decodes several times faster.
     """
 
     def __init__(self, model: str, compute_type: str = "int8", cpu_threads: int = 2, workers: int = 1,
@@ -98,7 +111,7 @@ class Transcriber:
 
     def transcribe_partials(self, audios: list[np.ndarray]) -> list[str]:
         """Greedy transcripts of several utterances (open turns of different sessions)."""
-        return [collapse_repetitions(text) for (text, _), _ in self._decode_each_alone(audios, 1)]
+        return [collapse_repetitions(text) for (text, _), _ in self._decode_each_alone(audios, PARTIAL_WINDOW, 1)]
 
     def transcribe_finals(self, audios: list[np.ndarray]) -> list[str]:
         """Turns' closing transcripts (`finals_as_ready`), in order."""
@@ -112,7 +125,7 @@ class Transcriber:
         fallback to sampling for a decode that looks failed. Those that decoded well come first:
         the rare retries (one utterance at a time) keep no one else waiting."""
         retries = []
-        for index, (first, features) in enumerate(self._decode_each_alone(audios, self.final_beam)):
+        for index, (first, features) in enumerate(self._decode_each_alone(audios, FINAL_WINDOW, self.final_beam)):
             if features is None or not looks_failed(*first):
                 yield index, collapse_repetitions(first[0])
             else:
@@ -120,12 +133,12 @@ class Transcriber:
         for index, first, features in retries:
             attempts = [first]
             for temperature in FALLBACK_TEMPERATURES:
-                attempts.append(self._decode_window(features, 1, temperature))
+                attempts.append(self._decode_windows([features], FINAL_WINDOW, 1, temperature)[0])
                 if not looks_failed(*attempts[-1]):
                     break
             yield index, collapse_repetitions(best_attempt(attempts))
 
-    def _decode_each_alone(self, audios: list[np.ndarray],
+    def _decode_each_alone(self, audios: list[np.ndarray], policy: WindowPolicy,
                            beam: int) -> list[tuple[tuple[str, float | None], np.ndarray | None]]:
         """((text, average log-probability), features) of each utterance as it would decode
         alone: those whose encoder windows are the same length go through Whisper in one call
@@ -139,17 +152,14 @@ class Transcriber:
             if frames > FULL_WINDOW_FRAMES - 200:
                 results[index] = ((self._transcribe_long(audio), None), None)
             elif frames >= 10:
-                by_window.setdefault(window_frames(frames), []).append((index, features))
+                by_window.setdefault(policy.frames(frames), []).append((index, features))
         for group in by_window.values():
-            decoded = self._decode_windows([features for _, features in group], beam)
+            decoded = self._decode_windows([features for _, features in group], policy, beam)
             for (index, features), attempt in zip(group, decoded):
                 results[index] = (attempt, features)
         return results
 
-    def _decode_window(self, features: np.ndarray, beam: int = 1, temperature: float = 0.0) -> tuple[str, float | None]:
-        return self._decode_windows([features], beam, temperature)[0]
-
-    def _decode_windows(self, features: list[np.ndarray], beam: int = 1,
+    def _decode_windows(self, features: list[np.ndarray], policy: WindowPolicy, beam: int = 1,
                         temperature: float = 0.0) -> list[tuple[str, float | None]]:
         """(text, average log-probability) of each utterance, decoded in one call in a window
         just long enough for the longest (all of them: the same window, as grouped by the caller).
@@ -165,7 +175,7 @@ class Transcriber:
         import ctranslate2
 
         longest = max(f.shape[-1] for f in features)
-        padded = np.zeros((len(features), features[0].shape[0], window_frames(longest)), dtype=np.float32)
+        padded = np.zeros((len(features), features[0].shape[0], policy.frames(longest)), dtype=np.float32)
         for row, f in enumerate(features):
             padded[row, :, :f.shape[-1]] = f
         sampling = {"sampling_temperature": temperature, "sampling_topk": 0} if temperature > 0 else {}
