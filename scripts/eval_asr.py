@@ -3,13 +3,15 @@
 the project's evaluation set (scripts/make_speech_eval.py), per configuration and per split.
 
     .venv/bin/python scripts/eval_asr.py [--set runs/speech-eval] [--configs greedy,final] [--tail-ms 100 --pad-ms 100]
-                                         [--json out.json]
+                                         [--context scripts/speech_eval_context.json] [--json out.json]
 
 Configurations: `greedy` (how partials decode: beam 1, no fallback), `final` (how a turn's
 closing transcript decodes: the server's beam, faster-whisper's temperature fallback; both keep
 one copy of a decoding loop). Each utterance is decoded as the server decodes a turn: its
 audio with the turn's 300 ms of lead-in (and, with --tail-ms, cut where the server cuts the turn's
-final decode). The `held_out` split is reported apart from `tune`
+final decode). With --context, each utterance is heard after what the assistant said before it
+(Whisper's prompt, as the server gives it the last reply): a JSON object from an utterance's
+reference text to that text. The `held_out` split is reported apart from `tune`
 and never guides a setting. Prints JSON and a table.
 """
 
@@ -105,6 +107,8 @@ def main() -> int:
                         help="cut each utterance this long after the VAD's last speech, as the server "
                              "cuts a turn (default: the whole file, its trailing quiet included)")
     parser.add_argument("--pad-ms", type=int, default=0, help="digital silence after the --tail-ms cut")
+    parser.add_argument("--context", type=Path, default=None,
+                        help="JSON: reference text -> what the assistant said before it")
     args = parser.parse_args()
     from voice_app.settings import Settings
     from voice_app.speech.asr import Transcriber
@@ -119,8 +123,9 @@ def main() -> int:
     if args.tail_ms is not None:
         from voice_app.speech.vad import SileroVad
         vad = SileroVad()
+    contexts = json.loads(args.context.read_text()) if args.context else {}
     report = {"model": transcriber.model_name, "utterances": len(entries), "final_beam": transcriber.final_beam,
-              "tail_ms": args.tail_ms, "pad_ms": args.pad_ms,
+              "tail_ms": args.tail_ms, "pad_ms": args.pad_ms, "context": str(args.context) if args.context else None,
               "results": {}, "by_voice": {}, "misheard": {}, "hallucinated": {}}
     for config in args.configs.split(","):
         rows = []
@@ -129,7 +134,8 @@ def main() -> int:
             if vad is not None:
                 audio = cut_after_speech(audio, vad, args.tail_ms, args.pad_ms)
             started = time.perf_counter()
-            text = transcriber.transcribe_blocking(audio, final=config == "final")
+            text = transcriber.transcribe_blocking(audio, final=config == "final",
+                                                   context=contexts.get(entry["reference"], ""))
             seconds = time.perf_counter() - started
             reference, hypothesis = normalized(entry["reference"]), normalized(text)
             rows.append({**entry, "text": text, "errors": word_errors(reference, hypothesis), "words": len(reference),

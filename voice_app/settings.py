@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     whisper_model: str = "tiny.en"
     whisper_compute_type: str = "int8"
     whisper_final_beam: int = Field(3, ge=1, le=10)  # beam of a turn's final transcript (partials: greedy)
+    # hear a turn after the assistant's last reply (Whisper's prompt). Off: over the speech-eval
+    # set it halves tiny.en's WER where the reply holds the user's words, but after SmolLM2's
+    # replies to other questions WER rose 21.4 -> 28.7 % (tune) and words of the reply leaked
+    # into the transcript (docs/benchmarks.md, Speech; eval_asr.py --context)
+    whisper_reply_context: bool = False
     # 1, not 2: CTranslate2 brings its own libgomp, and once its worker has a 2-thread OpenMP
     # team the engine's torch forward passes ran at half speed (CPU use 2.0 -> 1.1 cores, with
     # Whisper idle); tiny.en decodes 2.8 s of speech in 165 ms on one thread, 172 ms on two

@@ -83,10 +83,12 @@ class ScriptedTranscriber:
     def __init__(self, speech: ScriptedSpeech):
         self._speech = speech
         self.finals = 0  # final-quality decodes (beam search): at a pause, or closing a turn
+        self.contexts: list[str] = []  # each decode's context (Whisper's prompt), in order
 
-    async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
+    async def transcribe(self, audio_16k: np.ndarray, final: bool = False, context: str = "") -> str:
         await asyncio.sleep(0)  # a decode is never instant: the caller's loop turns over
         self.finals += final
+        self.contexts.append(context)
         return self._speech.hear(audio_16k)
 
 

@@ -43,7 +43,7 @@ class Transcriber(Protocol):
     def busy(self) -> bool:
         """Every worker has a job waiting: partial transcripts should skip a beat."""
 
-    async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str: ...
+    async def transcribe(self, audio_16k: np.ndarray, final: bool = False, context: str = "") -> str: ...
 
 
 class Synthesizer(Protocol):

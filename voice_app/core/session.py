@@ -198,6 +198,12 @@ class Session:
     def reply_paused(self) -> bool:
         return self.replies.paused is not None
 
+    def last_reply_text(self) -> str:
+        if not self.settings.whisper_reply_context:
+            return ""
+        last = next((item for item in reversed(self.conversation.items) if item.role == "assistant"), None)
+        return "" if last is None else self.replies.item_text(last)
+
     async def on_end_of_turn(self, transcript: str, clock: TurnClock) -> None:
         paused = self.replies.paused
         if paused is not None and is_false_interruption(transcript, clock.speech_ms):

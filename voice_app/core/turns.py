@@ -59,6 +59,10 @@ class TurnHooks(Protocol):
     def reply_paused(self) -> bool:
         """A reply the user spoke over waits, paused, to learn whether it was interrupted."""
 
+    def last_reply_text(self) -> str:
+        """The assistant's last reply as said so far, which Whisper hears the user's words after
+        (its prompt); "" for none (settings.whisper_reply_context)."""
+
     async def on_end_of_turn(self, transcript: str, clock: TurnClock) -> None:
         """The turn is in the conversation with its final transcript."""
 
@@ -139,7 +143,7 @@ class Listener:
         if self._buffer.end - self._buffer.start < MIN_COMMIT_SAMPLES:
             raise p.ProtocolError("input_audio_buffer_commit_empty",
                                   "the input audio buffer holds less than 100 ms of audio", None, event_id)
-        turn = UserTurn(new_id("item"), self._buffer.start, time.monotonic())
+        turn = UserTurn(new_id("item"), self._buffer.start, time.monotonic(), context=self._hooks.last_reply_text())
         end = self._buffer.end
         audio = self._buffer.slice(turn.start_sample, end).copy()
         self._buffer.drop_before(end)  # committed: a second commit finds the buffer empty
@@ -176,7 +180,8 @@ class Listener:
             start = max(self._buffer.start, wanted)
             # Whisper always gets the whole prefix: tiny.en heard "the capital of friends" with
             # 100 ms of audio before "France" and "France" with 0, 50 or 300 ms
-            self.turn = UserTurn(new_id("item"), start, time.monotonic(), lead_pad=start - wanted)
+            self.turn = UserTurn(new_id("item"), start, time.monotonic(), lead_pad=start - wanted,
+                                 context=self._hooks.last_reply_text())
             if self._judge is not None:
                 self._judge.forget()
             await self._send(p.server_event("input_audio_buffer.speech_started", item_id=self.turn.item_id,
@@ -223,7 +228,7 @@ class Listener:
             return await asyncio.shield(same)
         audio = self._buffer.slice(turn.start_sample, end)
         started = time.monotonic()
-        task = self._start_decode(turn.padded(audio, closing=final), final=final)
+        task = self._start_decode(turn, turn.padded(audio, closing=final), final=final)
         turn.remember(end, task, closing=final)
         text = await asyncio.shield(task)
         log.debug("session %s: %.1f s of speech transcribed in %.0f ms: %r", self._session_id,
@@ -332,15 +337,15 @@ class Listener:
         # the final transcript if the turn ends here (dropped, and this task cancelled, if speech goes on)
         return await self._transcribe(turn, final_end, final=True)
 
-    def _start_decode(self, audio: np.ndarray, final: bool = False) -> asyncio.Task:
-        task = asyncio.ensure_future(self._decode(audio, final))
+    def _start_decode(self, turn: UserTurn, audio: np.ndarray, final: bool = False) -> asyncio.Task:
+        task = asyncio.ensure_future(self._decode(audio, final, turn.context))
         self._decodes.add(task)
         task.add_done_callback(self._decodes.discard)
         return task
 
-    async def _decode(self, audio: np.ndarray, final: bool) -> str:
+    async def _decode(self, audio: np.ndarray, final: bool, context: str) -> str:
         async with self._asr_slots:  # one session cannot fill the queue every session shares
-            return await self._transcriber.transcribe(audio, final=final)
+            return await self._transcriber.transcribe(audio, final=final, context=context)
 
     async def _final_transcript(self, turn: UserTurn, audio: np.ndarray) -> str:
         """The decode of the turn's audio: one made at the pause of exactly this audio if any
@@ -351,7 +356,7 @@ class Listener:
                 return await asyncio.shield(same)
             except Exception:
                 log.exception("session %s: reusable transcription failed; decoding again", self._session_id)
-        return await self._start_decode(turn.padded(audio, closing=True), final=True)
+        return await self._start_decode(turn, turn.padded(audio, closing=True), final=True)
 
     async def _finish_turn(self, turn: UserTurn, end: int, audio: np.ndarray, clock: TurnClock) -> None:
         """`audio`: the turn's samples (with a short tail of silence), copied when it ended."""

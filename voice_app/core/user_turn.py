@@ -52,6 +52,7 @@ class UserTurn:
     # silence Whisper gets before the turn's audio: the part of the prefix padding the stream
     # did not hold (speech in its first 300 ms, or right after a clear or commit)
     lead_pad: int = 0
+    context: str = ""  # the assistant's words before it, as said when it began: Whisper's prompt
 
     def padded(self, audio: np.ndarray, closing: bool = False) -> np.ndarray:
         """What Whisper gets: the lead pad, the audio and, for a closing decode, its silent pad."""

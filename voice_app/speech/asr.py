@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +45,10 @@ NO_SPEECH_THRESHOLD = 0.6  # above this (and a low log-probability), the window 
 SILENT_LOG_PROB = -1.0  # faster-whisper's pair: no_speech_prob > 0.6 and avg log-prob < -1.0
 FALLBACK_TEMPERATURES = (0.4, 0.8)  # a final decode that looks failed is retried at these
 MAX_BATCH = 8  # utterances decoded in one call (decode_batches.py)
+# Whisper's prompt holds at most this many tokens of what was said before the utterance (the
+# assistant's last words): the prompt's length is the decoder's cost, and one batch's rows need
+# prompts of one length (CTranslate2), so a reply of this many tokens or more fills it exactly
+CONTEXT_TOKENS = 32
 
 
 def best_attempt(attempts: list[tuple[str, float | None]]) -> str:
@@ -82,15 +86,17 @@ class Transcriber:
         tokenizer = Tokenizer(self._model.hf_tokenizer, multilingual, task="transcribe",
                               language="en" if multilingual else None)
         self._tokenizer = tokenizer
-        self._prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+        self._task_prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
         self.final_beam = final_beam  # beam search for a turn's final transcript; partials stay greedy
         self._pool = PriorityPool(workers, "asr")
         self._workers = workers
         self._lock = threading.Lock()
         self._queued = 0
         # urgency: finals (someone waits to be answered) before partials
-        self._finals = WaitingBatch(self._pool, 0.0, lambda audios: self.finals_as_ready(audios), MAX_BATCH, "finals")
-        self._partials = WaitingBatch(self._pool, 1.0, lambda audios: enumerate(self.transcribe_partials(audios)),
+        self._finals = WaitingBatch(self._pool, 0.0, lambda waiting: self.finals_as_ready(*zip(*waiting)),
+                                    MAX_BATCH, "finals")
+        self._partials = WaitingBatch(self._pool, 1.0,
+                                      lambda waiting: enumerate(self.transcribe_partials(*zip(*waiting))),
                                       MAX_BATCH, "partials")
 
     @property
@@ -105,27 +111,45 @@ class Transcriber:
         with self._lock:
             return self._queued >= self._workers
 
-    def transcribe_blocking(self, audio_16k: np.ndarray, final: bool = False) -> str:
-        """final: a turn's closing transcript (`transcribe_finals`); otherwise greedy."""
-        return (self.transcribe_finals if final else self.transcribe_partials)([audio_16k])[0]
+    def transcribe_blocking(self, audio_16k: np.ndarray, final: bool = False, context: str = "") -> str:
+        """final: a turn's closing transcript (`transcribe_finals`); otherwise greedy. `context`:
+        what was said just before (the assistant's last words), Whisper's prompt."""
+        return (self.transcribe_finals if final else self.transcribe_partials)([audio_16k], [context])[0]
 
-    def transcribe_partials(self, audios: list[np.ndarray]) -> list[str]:
+    def transcribe_partials(self, audios: Sequence[np.ndarray], contexts: Sequence[str] | None = None) -> list[str]:
         """Greedy transcripts of several utterances (open turns of different sessions)."""
-        return [collapse_repetitions(text) for (text, _), _ in self._decode_each_alone(audios, PARTIAL_WINDOW, 1)]
+        decoded = self._decode_each_alone(audios, self._prompts(audios, contexts), PARTIAL_WINDOW, 1)
+        return [collapse_repetitions(text) for (text, _), _ in decoded]
 
-    def transcribe_finals(self, audios: list[np.ndarray]) -> list[str]:
+    def transcribe_finals(self, audios: Sequence[np.ndarray], contexts: Sequence[str] | None = None) -> list[str]:
         """Turns' closing transcripts (`finals_as_ready`), in order."""
         texts = [""] * len(audios)
-        for index, text in self.finals_as_ready(audios):
+        for index, text in self.finals_as_ready(audios, contexts):
             texts[index] = text
         return texts
 
-    def finals_as_ready(self, audios: list[np.ndarray]) -> Iterator[tuple[int, str]]:
+    def context_prompt(self, context: str) -> list[int]:
+        """Whisper's decoder prompt: the last CONTEXT_TOKENS tokens of `context` as the previous
+        text (Whisper's <|startofprev|>), then the task's tokens. Measured over the speech-eval
+        set (docs/benchmarks.md, "Speech"): a context that holds the utterance's words halves
+        tiny.en's WER, one that does not raises it (settings.whisper_reply_context is off)."""
+        previous = self._tokenizer.encode(" " + context.strip())[-CONTEXT_TOKENS:] if context.strip() else []
+        if not previous:
+            return list(self._task_prompt)
+        return [self._tokenizer.sot_prev, *previous, *self._task_prompt]
+
+    def _prompts(self, audios: Sequence[np.ndarray], contexts: Sequence[str] | None) -> list[list[int]]:
+        return [self.context_prompt(context) for context in (contexts or [""] * len(audios))]
+
+    def finals_as_ready(self, audios: Sequence[np.ndarray],
+                        contexts: Sequence[str] | None = None) -> Iterator[tuple[int, str]]:
         """(index, closing transcript) of each utterance: beam search, and faster-whisper's
         fallback to sampling for a decode that looks failed. Those that decoded well come first:
         the rare retries (one utterance at a time) keep no one else waiting."""
         retries = []
-        for index, (first, features) in enumerate(self._decode_each_alone(audios, FINAL_WINDOW, self.final_beam)):
+        prompts = self._prompts(audios, contexts)
+        for index, (first, features) in enumerate(self._decode_each_alone(audios, prompts, FINAL_WINDOW,
+                                                                          self.final_beam)):
             if features is None or not looks_failed(*first):
                 yield index, collapse_repetitions(first[0])
             else:
@@ -133,36 +157,39 @@ class Transcriber:
         for index, first, features in retries:
             attempts = [first]
             for temperature in FALLBACK_TEMPERATURES:
-                attempts.append(self._decode_windows([features], FINAL_WINDOW, 1, temperature)[0])
+                attempts.append(self._decode_windows([features], [prompts[index]], FINAL_WINDOW, 1, temperature)[0])
                 if not looks_failed(*attempts[-1]):
                     break
             yield index, collapse_repetitions(best_attempt(attempts))
 
-    def _decode_each_alone(self, audios: list[np.ndarray], policy: WindowPolicy,
+    def _decode_each_alone(self, audios: Sequence[np.ndarray], prompts: list[list[int]], policy: WindowPolicy,
                            beam: int) -> list[tuple[tuple[str, float | None], np.ndarray | None]]:
         """((text, average log-probability), features) of each utterance as it would decode
-        alone: those whose encoder windows are the same length go through Whisper in one call
-        (the same words, for less than one call each). features: None where the utterance is too
-        short to hear or too long for one window (decoded in segments), which nothing retries."""
+        alone: those whose encoder windows and prompts are the same length go through Whisper in
+        one call (the same words, for less than one call each). features: None where the
+        utterance is too short to hear or too long for one window (decoded in segments), which
+        nothing retries."""
         results: list[tuple[tuple[str, float | None], np.ndarray | None]] = [(("", None), None)] * len(audios)
-        by_window: dict[int, list[tuple[int, np.ndarray]]] = {}
+        groups: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {}
         for index, audio in enumerate(audios):
             features = self._model.feature_extractor(audio)
             frames = features.shape[-1]
             if frames > FULL_WINDOW_FRAMES - 200:
-                results[index] = ((self._transcribe_long(audio), None), None)
+                results[index] = ((self._transcribe_long(audio, prompts[index]), None), None)
             elif frames >= 10:
-                by_window.setdefault(policy.frames(frames), []).append((index, features))
-        for group in by_window.values():
-            decoded = self._decode_windows([features for _, features in group], policy, beam)
+                groups.setdefault((policy.frames(frames), len(prompts[index])), []).append((index, features))
+        for group in groups.values():
+            decoded = self._decode_windows([features for _, features in group],
+                                           [prompts[index] for index, _ in group], policy, beam)
             for (index, features), attempt in zip(group, decoded):
                 results[index] = (attempt, features)
         return results
 
-    def _decode_windows(self, features: list[np.ndarray], policy: WindowPolicy, beam: int = 1,
-                        temperature: float = 0.0) -> list[tuple[str, float | None]]:
+    def _decode_windows(self, features: list[np.ndarray], prompts: list[list[int]], policy: WindowPolicy,
+                        beam: int = 1, temperature: float = 0.0) -> list[tuple[str, float | None]]:
         """(text, average log-probability) of each utterance, decoded in one call in a window
-        just long enough for the longest (all of them: the same window, as grouped by the caller).
+        just long enough for the longest (all of them: the same window, and prompts of one
+        length, as grouped by the caller).
 
         Not `WhisperModel.transcribe`: it pads every segment to Whisper's 30 s window
         (`pad_or_trim`), which costs a short turn several times the encoder time, and it judges
@@ -180,8 +207,10 @@ class Transcriber:
             padded[row, :, :f.shape[-1]] = f
         sampling = {"sampling_temperature": temperature, "sampling_topk": 0} if temperature > 0 else {}
         results = self._model.model.generate(
-            ctranslate2.StorageView.from_array(padded), [self._prompt] * len(features), beam_size=beam,
-            max_length=int(16 + 8 * longest / 100.0), return_no_speech_prob=True, return_scores=True, **sampling,
+            ctranslate2.StorageView.from_array(padded), prompts, beam_size=beam,
+            # CTranslate2 counts the prompt in the length: a long context must not leave a short utterance none
+            max_length=len(prompts[0]) + int(16 + 8 * longest / 100.0), return_no_speech_prob=True, return_scores=True,
+            **sampling,
         )
         decoded = []
         for result in results:
@@ -193,21 +222,22 @@ class Transcriber:
                 decoded.append((self._tokenizer.decode(result.sequences_ids[0]).strip(), log_prob))
         return decoded
 
-    def _transcribe_long(self, audio_16k: np.ndarray) -> str:
+    def _transcribe_long(self, audio_16k: np.ndarray, prompt: list[int]) -> str:
+        previous = prompt[1:-len(self._task_prompt)] if len(prompt) > len(self._task_prompt) else None
         segments, _info = self._model.transcribe(
-            audio_16k, language="en", beam_size=1, temperature=0.0,
+            audio_16k, language="en", beam_size=1, temperature=0.0, initial_prompt=previous,
             condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
         )
         return " ".join(segment.text.strip() for segment in segments).strip()
 
-    async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
+    async def transcribe(self, audio_16k: np.ndarray, final: bool = False, context: str = "") -> str:
         """final: a turn's closing transcript, which someone waits on: it goes before every
         queued partial (of any session). Decodes of a kind that wait for a worker together are
-        decoded together (decode_batches.py)."""
+        decoded together (decode_batches.py). `context`: as for `transcribe_blocking`."""
         with self._lock:
             self._queued += 1
         try:
-            return await asyncio.wrap_future((self._finals if final else self._partials).add(audio_16k))
+            return await asyncio.wrap_future((self._finals if final else self._partials).add((audio_16k, context)))
         finally:
             with self._lock:
                 self._queued -= 1

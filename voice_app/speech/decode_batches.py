@@ -14,32 +14,33 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Iterable
-
-import numpy as np
+from typing import Callable, Generic, Iterable, TypeVar
 
 from voice_app.speech.workers import PriorityPool
 
 log = logging.getLogger(__name__)
 
 
-class WaitingBatch:
-    """decode(audios) -> (index, text) of each, as each is ready; key: the pool's urgency of
+Item = TypeVar("Item")  # what one decode needs (the transcriber's: the audio and its context)
+
+
+class WaitingBatch(Generic[Item]):
+    """decode(items) -> (index, text) of each, as each is ready; key: the pool's urgency of
     this kind's jobs."""
 
     def __init__(self, pool: PriorityPool, key: float,
-                 decode: Callable[[list[np.ndarray]], Iterable[tuple[int, str]]],
+                 decode: Callable[[list[Item]], Iterable[tuple[int, str]]],
                  max_batch: int, kind: str):
         self._pool, self._key, self._decode = pool, key, decode
         self.max_batch, self.kind = max_batch, kind
         self._lock = threading.Lock()
-        self._waiting: list[tuple[np.ndarray, Future, float]] = []  # no worker has taken them yet
+        self._waiting: list[tuple[Item, Future, float]] = []  # no worker has taken them yet
 
-    def add(self, audio_16k: np.ndarray) -> Future:
+    def add(self, item: Item) -> Future:
         """The utterance's text, once a worker has decoded it with those waiting beside it."""
         future: Future = Future()
         with self._lock:
-            self._waiting.append((audio_16k, future, time.monotonic()))
+            self._waiting.append((item, future, time.monotonic()))
             first = len(self._waiting) == 1
         if first:
             self._submit(future)
@@ -64,7 +65,7 @@ class WaitingBatch:
         log.debug("asr queue wait %.0f ms (%d %s)", (time.monotonic() - batch[0][2]) * 1000, len(batch), self.kind)
         futures = [future for _, future, _ in batch]
         try:
-            for index, text in self._decode([audio for audio, _, _ in batch]):
+            for index, text in self._decode([item for item, _, _ in batch]):
                 futures[index].set_result(text)  # at once: the others' retries are not its wait
         except BaseException as exc:  # every waiter not answered yet hears it; the worker goes on
             for future in futures:

@@ -167,7 +167,7 @@ async def test_closing_a_session_cancels_its_queued_decodes():
     session, log, models = make_session(turn_detection="server_vad")
     started, cancelled = asyncio.Event(), []
 
-    async def held(audio_16k, final=False):
+    async def held(audio_16k, final=False, context=""):
         started.set()
         try:
             await asyncio.Event().wait()  # a Whisper queue that never gets to it

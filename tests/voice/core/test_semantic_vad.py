@@ -57,7 +57,7 @@ class HeldFinals(ScriptedTranscriber):
         self.held, self.dropped = asyncio.Event(), asyncio.Event()
         self.dropped_words: list[str] = []
 
-    async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
+    async def transcribe(self, audio_16k: np.ndarray, final: bool = False, context: str = "") -> str:
         if final and not self.release.is_set():
             self.held.set()
             try:
@@ -66,7 +66,7 @@ class HeldFinals(ScriptedTranscriber):
                 self.dropped_words.append(self._speech.hear(audio_16k))
                 self.dropped.set()
                 raise
-        return await super().transcribe(audio_16k, final)
+        return await super().transcribe(audio_16k, final, context)
 
 
 async def test_a_pause_the_speaker_talks_through_drops_its_waiting_final_decode():
@@ -112,12 +112,12 @@ class PartialsHeard(ScriptedTranscriber):
         super().__init__(speech)
         self.trailing_silence_ms: list[float] = []
 
-    async def transcribe(self, audio_16k: np.ndarray, final: bool = False) -> str:
+    async def transcribe(self, audio_16k: np.ndarray, final: bool = False, context: str = "") -> str:
         if not final:
             voiced = np.flatnonzero(np.abs(audio_16k) > SPEECH_FLOOR)
             last = voiced[-1] + 1 if len(voiced) else 0
             self.trailing_silence_ms.append((len(audio_16k) - last) * 1000 / 16000)
-        return await super().transcribe(audio_16k, final)
+        return await super().transcribe(audio_16k, final, context)
 
 
 async def test_no_partial_decode_starts_once_the_speaker_has_gone_quiet():
